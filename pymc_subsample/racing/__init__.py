@@ -1,0 +1,33 @@
+"""Racing core: best-arm identification on finite reward populations.
+
+Pure NumPy/SciPy (no PyMC import). See ``ALGORITHMS.md`` §1–2 and seed 000.
+"""
+
+from .bounds import (
+    ebs_width,
+    normal_threshold,
+    normal_width,
+    rare_event_floor,
+    union_threshold,
+)
+from .gumbel import gumbel_rewards, sample_categorical
+from .lilucb import lil_ucb
+from .race import BOUNDS, VARIANCES, RaceResult, race
+from .schedule import IndexStream, doubling_schedule
+
+__all__ = [
+    "BOUNDS",
+    "VARIANCES",
+    "IndexStream",
+    "RaceResult",
+    "doubling_schedule",
+    "ebs_width",
+    "gumbel_rewards",
+    "lil_ucb",
+    "normal_threshold",
+    "normal_width",
+    "race",
+    "rare_event_floor",
+    "sample_categorical",
+    "union_threshold",
+]

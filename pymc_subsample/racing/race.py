@@ -1,0 +1,480 @@
+r"""Best-arm identification on finite reward populations by racing.
+
+Implements Alg. 1 of seed 000 (Racing-Normal, Racing-EBS), the adapted
+lil'UCB of Sec. 3.2 (in :mod:`pymc_subsample.racing.lilucb`) and an exact
+reference, behind one function, :func:`race`. The arm to find is
+
+.. math:: x^* = \arg\max_i \sum_{n=1}^{N_i} l_{i,n} = \arg\max_i N_i \mu_i ,
+
+which for a common population size :math:`N` is the arm of highest mean reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bounds import ebs_width, normal_threshold, normal_width, rare_event_floor
+from .schedule import IndexStream, doubling_schedule
+
+__all__ = ["BOUNDS", "VARIANCES", "RaceResult", "RewardFn", "race"]
+
+#: Names accepted by ``bound``.
+BOUNDS = ("normal", "ebs", "lilucb", "exact")
+#: Names accepted by ``variance``.
+VARIANCES = ("pairwise", "marginal")
+
+#: ``rewards(arms, idx) -> array of shape (len(arms), len(idx))``.
+RewardFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+_EXACT_CHUNK = 1 << 24  # rewards per call when evaluating a whole population
+
+
+@dataclass(frozen=True)
+class RaceResult:
+    """Outcome of one race.
+
+    Attributes
+    ----------
+    winner : int
+        Index of the arm returned.
+    n_evaluations : int
+        Rewards drawn in total, over all arms and rounds (at most ``sum(N_i)``).
+    n_rounds : int
+        Number of looks (rounds of the schedule, or blocks of pulls for lil'UCB).
+    exhausted : bool
+        True when some arm had to be evaluated on its whole population.
+    n_drawn : int
+        Largest number of observations drawn for one arm.
+    """
+
+    winner: int
+    n_evaluations: int
+    n_rounds: int
+    exhausted: bool
+    n_drawn: int
+
+
+def _check_probability(delta: float) -> float:
+    delta = float(delta)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must lie in (0, 1), got {delta!r}; e.g. delta=0.05")
+    return delta
+
+
+def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
+    """Check the arguments shared by :func:`race` and the samplers built on it.
+
+    Parameters
+    ----------
+    delta : float
+        Error probability, in (0, 1).
+    bound : str
+        One of :data:`BOUNDS`.
+    batch_size : int
+        First mini-batch size, at least 2.
+    variance : str
+        One of :data:`VARIANCES`.
+    n_arms : int
+        Number of arms, at least 1.
+
+    Returns
+    -------
+    float
+        ``delta`` as a float.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument at fault and the accepted values.
+    """
+    delta = _check_probability(delta)
+    if bound not in BOUNDS:
+        raise ValueError(f"unknown bound {bound!r}; choose one of {BOUNDS}")
+    if variance not in VARIANCES:
+        raise ValueError(f"unknown variance {variance!r}; choose one of {VARIANCES}")
+    if int(batch_size) != batch_size or batch_size < 2:
+        raise ValueError(
+            f"batch_size must be an integer >= 2 (a variance needs two draws), got {batch_size!r}"
+        )
+    if int(n_arms) != n_arms or n_arms < 1:
+        raise ValueError(f"n_arms must be a positive integer, got {n_arms!r}")
+    return delta
+
+
+def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Call ``rewards(arms, idx)`` and check its shape and values.
+
+    Parameters
+    ----------
+    rewards : callable
+        The reward callback.
+    arms, idx : numpy.ndarray
+        Arm indices and observation indices.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 array of shape ``(len(arms), len(idx))``; entries finite or −inf.
+
+    Raises
+    ------
+    ValueError
+        On a wrong shape, NaN or +inf.
+    """
+    out = np.asarray(rewards(arms, idx), dtype=np.float64)
+    if out.shape != (len(arms), len(idx)):
+        raise ValueError(
+            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
+            f"{(len(arms), len(idx))}, got {out.shape}"
+        )
+    if np.isnan(out).any():
+        raise ValueError(
+            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
+        )
+    if np.isposinf(out).any():
+        raise ValueError(
+            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
+        )
+    return out
+
+
+def exact_totals(rewards: RewardFn, arms: np.ndarray, n_obs: int) -> np.ndarray:
+    """Sum of the rewards of ``arms`` over their whole (common) population.
+
+    Evaluated in chunks of at most ``2**24`` rewards, in index order.
+
+    Parameters
+    ----------
+    rewards : callable
+        The reward callback.
+    arms : numpy.ndarray
+        Arm indices.
+    n_obs : int
+        Population size.
+
+    Returns
+    -------
+    numpy.ndarray
+        One total per arm (−inf when any reward is −inf).
+    """
+    step = max(1, _EXACT_CHUNK // max(len(arms), 1))
+    total = np.zeros(len(arms))
+    for start in range(0, n_obs, step):
+        idx = np.arange(start, min(start + step, n_obs))
+        total += checked_rewards(rewards, arms, idx).sum(axis=1)
+    return total
+
+
+def _argmax_or_raise(values: np.ndarray) -> int:
+    if not np.isfinite(values).any():
+        raise ValueError(
+            "every arm has a -inf reward: the target is zero at every candidate "
+            "(check the model and the initial point)"
+        )
+    return int(np.argmax(values))
+
+
+def race(
+    rewards: RewardFn,
+    n_arms: int,
+    n_obs: int | Sequence[int],
+    *,
+    delta: float = 0.05,
+    bound: str = "normal",
+    batch_size: int = 50,
+    variance: str = "pairwise",
+    rng: np.random.Generator | int | None = None,
+    reward_range: float | None = None,
+    schedule: Sequence[int] | None = None,
+) -> RaceResult:
+    r"""Identify the arm of highest total reward, with error at most ``delta``.
+
+    Racing (seed 000, Alg. 1): shared mini-batches of observation indices are
+    drawn without replacement on the schedule :math:`T^{(t)}` (doubling from
+    ``batch_size``, last look at :math:`N`); after each, arm :math:`i` is
+    dropped when, with :math:`\hat x` the current leader,
+
+    - pairwise: :math:`\hat\mu_{\hat x} - \hat\mu_i > G(\delta/(D-1), T, \hat\sigma_{\hat x,i})`
+    - marginal: :math:`\hat\mu_{\hat x} - G(\delta/D, T, \hat\sigma_{\hat x}) >
+      \hat\mu_i + G(\delta/D, T, \hat\sigma_i)`.
+
+    An arm with a −inf reward is dropped at once. Identical arms never
+    separate; the race then ends at :math:`T = N` and the lowest index wins.
+
+    Parameters
+    ----------
+    rewards : callable
+        ``rewards(arms, idx)`` returns ``l[arms][:, idx]``, shape
+        ``(len(arms), len(idx))``, for 0-based integer arrays. Entries must be
+        finite or −inf.
+    n_arms : int
+        Number of arms :math:`D`.
+    n_obs : int or sequence of int
+        Population size :math:`N`, shared by all arms; or one size :math:`N_i`
+        per arm. With per-arm sizes the arms are independent populations:
+        ``rewards`` is called one arm at a time (``arms`` of length 1, ``idx``
+        indexing that arm's own population), the variance must be
+        ``"marginal"``, each arm follows the doubling schedule clipped at its
+        own :math:`N_i`, and arms are compared on totals
+        :math:`N_i \hat\mu_i \pm N_i G_i`.
+    delta : float
+        Probability of returning a wrong arm, in (0, 1).
+    bound : {"normal", "ebs", "lilucb", "exact"}
+        ``"normal"``: Racing-Normal, :math:`G = B s_T` with :math:`B` computed
+        for the actual schedule from the joint Gaussian law of the looks
+        (:func:`~pymc_subsample.racing.bounds.normal_threshold`).
+        ``"ebs"``: Racing-EBS, the empirical Bernstein–Serfling bound with a
+        union bound over looks. ``"lilucb"``: adapted lil'UCB
+        (:func:`~pymc_subsample.racing.lilucb.lil_ucb`). ``"exact"``: evaluate
+        everything.
+    batch_size : int
+        First mini-batch size :math:`m^{(1)}` (paper: 50 for Normal, 2 for EBS).
+    variance : {"pairwise", "marginal"}
+        Standard deviation of reward differences with the leader on shared
+        indices (tighter when arms are positively correlated; cost
+        :math:`O(D^2 T)`), or of each arm alone (cost :math:`O(D T)`).
+    rng : numpy.random.Generator or int, optional
+        Source of the index draws.
+    reward_range : float, optional
+        :math:`C`, an upper bound on :math:`\max_n l_{i,n} - \min_n l_{i,n}` for
+        every arm. Racing-EBS needs it; lil'UCB uses :math:`C/2` as its scale;
+        Racing-Normal floors its standard deviation at
+        :math:`C' \sqrt{p_0(1-p_0)}`, :math:`p_0 = 1/(T+1)`, which protects
+        against rare-event rewards (``ALGORITHMS.md`` §7), with
+        :math:`C' = 2C` for pairwise differences. When it is ``None``, the
+        range observed on the latest batch (of the differences with the
+        leader, in pairwise mode) is used in its place. That plug-in cannot
+        see an event no batch has drawn yet: on rare-event populations pass a
+        true bound.
+    schedule : sequence of int, optional
+        Increasing cumulative sample sizes to use instead of doubling;
+        ``n_obs`` is appended if missing. Bounds are computed for this schedule.
+
+    Returns
+    -------
+    RaceResult
+
+    Raises
+    ------
+    ValueError
+        For ``delta`` outside (0, 1), an unknown ``bound`` or ``variance``,
+        ``batch_size < 2``, ``n_arms < 1``, ``n_obs < 1``, or a ``rewards``
+        callback that returns the wrong shape, NaN or +inf; or when every arm
+        has a −inf reward.
+    """
+    delta = validate_race_args(delta, bound, batch_size, variance, n_arms)
+    rng = np.random.default_rng(rng)
+    sizes = np.atleast_1d(np.asarray(n_obs))
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
+        raise ValueError(f"n_obs must be a positive integer or one per arm, got {n_obs!r}")
+    if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
+        raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
+    if len(sizes) > 1 or (np.ndim(n_obs) == 1 and n_arms > 1):
+        if len(sizes) != n_arms:
+            raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")
+        if not (sizes == sizes[0]).all():
+            return _race_independent(
+                rewards, sizes, delta, bound, int(batch_size), variance, rng, reward_range
+            )
+    big_n = int(sizes[0])
+    arms = np.arange(int(n_arms))
+    if bound == "exact":
+        totals = exact_totals(rewards, arms, big_n)
+        return RaceResult(_argmax_or_raise(totals), big_n * len(arms), 1, True, big_n)
+    if bound == "lilucb":
+        from .lilucb import lil_ucb
+
+        return lil_ucb(
+            rewards,
+            int(n_arms),
+            big_n,
+            delta=delta,
+            batch_size=int(batch_size),
+            rng=rng,
+            reward_range=reward_range,
+        )
+    looks = _make_schedule(big_n, int(batch_size), schedule)
+    return _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range)
+
+
+def _make_schedule(n_obs: int, batch_size: int, schedule) -> np.ndarray:
+    if schedule is None:
+        return doubling_schedule(n_obs, batch_size)
+    looks = np.asarray(schedule, dtype=np.int64)
+    looks = looks[looks < n_obs]
+    if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
+        raise ValueError("schedule must be increasing cumulative sizes starting at >= 2")
+    return np.append(looks, n_obs)
+
+
+class _Stats:
+    """Running means and centred cross-products, merged batch by batch (Chan et al.)."""
+
+    def __init__(self, n_arms: int, pairwise: bool):
+        self.n = 0
+        self.mean = np.zeros(n_arms)
+        self.pairwise = pairwise
+        self.m2 = np.zeros((n_arms, n_arms)) if pairwise else np.zeros(n_arms)
+
+    def update(self, batch: np.ndarray) -> None:
+        m = batch.shape[1]
+        bmean = batch.mean(axis=1)
+        centred = batch - bmean[:, None]
+        bm2 = centred @ centred.T if self.pairwise else np.einsum("ij,ij->i", centred, centred)
+        n = self.n + m
+        d = bmean - self.mean
+        corr = self.n * m / n
+        self.m2 += bm2 + (np.outer(d, d) if self.pairwise else d * d) * corr
+        self.mean += d * (m / n)
+        self.n = n
+
+    def keep(self, rows: np.ndarray) -> None:
+        self.mean = self.mean[rows]
+        self.m2 = self.m2[np.ix_(rows, rows)] if self.pairwise else self.m2[rows]
+
+
+def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range):
+    """Alg. 1 of seed 000 with indices shared by all surviving arms."""
+    pairwise = variance == "pairwise" and len(arms) > 1
+    n_comp = max(len(arms) - 1, 1) if pairwise else len(arms)
+    delta_comp = delta / n_comp
+    n_looks = len(looks) - 1
+    if bound == "normal":
+        threshold = normal_threshold(looks[:-1], big_n, delta_comp)
+    else:
+        delta_look = delta_comp / max(n_looks, 1)
+    c_user = None
+    if reward_range is not None:
+        c_user = 2.0 * reward_range if pairwise else float(reward_range)
+    stream = IndexStream(big_n, rng)
+    stats = _Stats(len(arms), pairwise)
+    alive = arms
+    n_evals = 0
+    n_rounds = 0
+    for size in looks:
+        idx = stream.take(size - stream.n_drawn)
+        batch = checked_rewards(rewards, alive, idx)
+        n_evals += batch.size
+        n_rounds += 1
+        finite = np.isfinite(batch).all(axis=1)
+        if not finite.all():
+            rows = np.flatnonzero(finite)
+            if len(rows) == 0:
+                return _rescue(rewards, arms, alive, big_n, n_evals, n_rounds)
+            alive, batch = alive[rows], batch[rows]
+            stats.keep(rows)
+        stats.update(batch)
+        if size >= big_n or len(alive) == 1:
+            break
+        lead = int(np.argmax(stats.mean))
+        if pairwise:
+            var = (stats.m2[lead, lead] + np.diag(stats.m2) - 2.0 * stats.m2[lead]) / size
+            spread = batch[lead] - batch
+            c_obs = spread.max(axis=1) - spread.min(axis=1)
+        else:
+            var = stats.m2 / size
+            c_obs = batch.max(axis=1) - batch.min(axis=1)
+        sigma = np.sqrt(np.maximum(var, 0.0))
+        c = c_obs if c_user is None else c_user
+        if bound == "normal":
+            sigma = np.maximum(sigma, rare_event_floor(c, size))
+            width = normal_width(threshold, sigma, size, big_n)
+        else:
+            width = ebs_width(delta_look, sigma, size, big_n, c)
+        if pairwise:
+            keep = stats.mean[lead] - stats.mean <= width
+        else:
+            keep = stats.mean[lead] - width[lead] <= stats.mean + width
+        keep[lead] = True
+        if not keep.all():
+            rows = np.flatnonzero(keep)
+            alive = alive[rows]
+            stats.keep(rows)
+        if len(alive) == 1:
+            break
+    winner = int(alive[int(np.argmax(stats.mean))])
+    return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
+
+
+def _rescue(rewards, arms, alive, big_n, n_evals, n_rounds):
+    """All survivors hit −inf: the best arm was dropped earlier; decide exactly."""
+    others = np.setdiff1d(arms, alive)
+    if len(others) == 0:
+        _argmax_or_raise(np.full(1, -np.inf))
+    totals = exact_totals(rewards, others, big_n)
+    winner = int(others[_argmax_or_raise(totals)])
+    return RaceResult(winner, n_evals + big_n * len(others), n_rounds + 1, True, big_n)
+
+
+def _race_independent(rewards, sizes, delta, bound, batch_size, variance, rng, reward_range):
+    """Race arms with their own populations of sizes ``N_i``, compared on totals."""
+    if variance != "marginal":
+        raise ValueError(
+            "arms with different population sizes share no observations: pass variance='marginal'"
+        )
+    if bound == "lilucb":
+        raise ValueError("bound='lilucb' needs a common population size; use 'normal' or 'ebs'")
+    n_arms = len(sizes)
+    if bound == "exact":
+        totals = np.array(
+            [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in range(n_arms)]
+        )
+        return RaceResult(_argmax_or_raise(totals), int(sizes.sum()), 1, True, int(sizes.max()))
+    delta_arm = delta / n_arms
+    looks = [doubling_schedule(int(n), batch_size) for n in sizes]
+    if bound == "normal":
+        thresholds = np.array(
+            [normal_threshold(lk[:-1], n, delta_arm) for lk, n in zip(looks, sizes, strict=True)]
+        )
+    streams = [IndexStream(int(n), rng) for n in sizes]
+    mean = np.zeros(n_arms)
+    m2 = np.zeros(n_arms)
+    drawn = np.zeros(n_arms, dtype=np.int64)
+    crange = np.zeros(n_arms)
+    alive = np.ones(n_arms, dtype=bool)
+    n_evals = 0
+    n_rounds = 0
+    for t in range(max(len(lk) for lk in looks)):
+        n_rounds += 1
+        for i in np.flatnonzero(alive):
+            target = looks[i][min(t, len(looks[i]) - 1)]
+            idx = streams[i].take(target - drawn[i])
+            if len(idx) == 0:
+                continue
+            batch = checked_rewards(rewards, np.array([i]), idx)[0]
+            n_evals += len(idx)
+            if np.isneginf(batch).any():
+                alive[i] = False
+                mean[i] = -np.inf
+                continue
+            m, bmean = len(batch), batch.mean()
+            n = drawn[i] + m
+            d = bmean - mean[i]
+            m2[i] += ((batch - bmean) ** 2).sum() + d * d * drawn[i] * m / n
+            mean[i] += d * m / n
+            drawn[i] = n
+            crange[i] = batch.max() - batch.min()
+        if not alive.any():
+            _argmax_or_raise(np.full(1, -np.inf))
+        sigma = np.sqrt(m2 / np.maximum(drawn, 1))
+        c = crange if reward_range is None else float(reward_range)
+        if bound == "normal":
+            sigma = np.maximum(sigma, rare_event_floor(c, drawn))
+            width = normal_width(thresholds, sigma, np.maximum(drawn, 1), sizes)
+        else:
+            n_looks = np.array([max(len(lk) - 1, 1) for lk in looks])
+            width = ebs_width(delta_arm / n_looks, sigma, np.maximum(drawn, 1), sizes, c)
+        total = np.where(alive, sizes * mean, -np.inf)
+        half = sizes * width
+        lead = int(np.argmax(total))
+        drop = alive & (total[lead] - half[lead] > total + half)
+        drop[lead] = False
+        alive &= ~drop
+        if alive.sum() == 1 or (drawn[alive] >= sizes[alive]).all():
+            break
+    total = np.where(alive, sizes * mean, -np.inf)
+    winner = _argmax_or_raise(total)
+    return RaceResult(winner, n_evals, n_rounds, bool((drawn >= sizes).any()), int(drawn.max()))

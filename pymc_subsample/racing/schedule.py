@@ -1,0 +1,129 @@
+"""Mini-batch schedules and index draws without replacement.
+
+The race of seed 000 (Alg. 1) looks at the data at cumulative sample sizes
+``T(1) < T(2) < ... < T(t*) = N``. This module builds that schedule and draws
+the indices, without replacement, at a cost proportional to the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["IndexStream", "doubling_schedule"]
+
+
+def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
+    r"""Cumulative sample sizes of the doubling schedule.
+
+    .. math:: T^{(t)} = \min(m^{(1)} 2^{t-1}, N), \qquad t = 1, \dots, t^*,
+
+    with :math:`t^* = \lceil \log_2 (N / m^{(1)}) \rceil + 1` (seed 000, Sec. 3.3).
+    The last entry is always ``n_obs``, so a race that reaches it is exact.
+
+    Parameters
+    ----------
+    n_obs : int
+        Population size :math:`N`.
+    batch_size : int
+        First mini-batch size :math:`m^{(1)}`.
+
+    Returns
+    -------
+    numpy.ndarray
+        Strictly increasing int64 array of cumulative sizes ending at ``n_obs``.
+    """
+    sizes = []
+    t = int(batch_size)
+    while t < n_obs:
+        sizes.append(t)
+        t *= 2
+    sizes.append(int(n_obs))
+    return np.asarray(sizes, dtype=np.int64)
+
+
+class IndexStream:
+    r"""Uniformly random indices of ``range(n)`` drawn without replacement, in batches.
+
+    The first ``k`` indices returned are a uniformly random ``k``-subset in random
+    order (a lazy random permutation). While fewer than half of the population
+    has been drawn, new indices are found by rejection against the drawn ones,
+    at a cost of :math:`O(T \log T)` for :math:`T` indices drawn so far; after
+    that the remaining indices are listed once and shuffled (cost :math:`O(N)`,
+    which is then proportional to the batch). A full permutation of ``range(n)``
+    is never built for a short race.
+
+    Parameters
+    ----------
+    n : int
+        Population size.
+    rng : numpy.random.Generator
+        Source of randomness.
+    """
+
+    def __init__(self, n: int, rng: np.random.Generator):
+        self.n = int(n)
+        self.rng = rng
+        self._drawn = np.empty(0, dtype=np.int64)
+        self._sorted = np.empty(0, dtype=np.int64)
+        self._rest: np.ndarray | None = None
+
+    @property
+    def n_drawn(self) -> int:
+        """Number of indices drawn so far."""
+        return len(self._drawn)
+
+    @property
+    def drawn(self) -> np.ndarray:
+        """All indices drawn so far, in draw order."""
+        return self._drawn
+
+    def take(self, k: int) -> np.ndarray:
+        """Draw ``k`` new indices, distinct from all earlier ones.
+
+        Parameters
+        ----------
+        k : int
+            Number of indices; at most ``n - n_drawn``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 array of length ``k``.
+        """
+        k = int(k)
+        remaining = self.n - len(self._drawn)
+        if k > remaining:
+            raise ValueError(f"cannot draw {k} new indices: only {remaining} remain")
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
+        if self._rest is None and 2 * (len(self._drawn) + k) > self.n:
+            mask = np.ones(self.n, dtype=bool)
+            mask[self._drawn] = False
+            self._rest = np.flatnonzero(mask)
+            self.rng.shuffle(self._rest)
+        if self._rest is not None:
+            new, self._rest = self._rest[:k], self._rest[k:]
+        else:
+            new = self._rejection(k)
+        self._drawn = np.concatenate([self._drawn, new])
+        return new
+
+    def _rejection(self, k: int) -> np.ndarray:
+        """Draw ``k`` fresh indices by rejection (drawn fraction stays below 1/2)."""
+        out = np.empty(0, dtype=np.int64)
+        taken = self._sorted
+        while len(out) < k:
+            need = k - len(out)
+            cand = self.rng.integers(0, self.n, size=2 * need + 8)
+            # keep first occurrences, in draw order (sequential draws without replacement)
+            _, first = np.unique(cand, return_index=True)
+            cand = cand[np.sort(first)]
+            if len(taken):
+                pos = np.searchsorted(taken, cand)
+                pos[pos == len(taken)] = 0
+                cand = cand[taken[pos] != cand]
+            cand = cand[:need]
+            out = np.concatenate([out, cand])
+            taken = np.union1d(taken, cand)
+        self._sorted = taken
+        return out
