@@ -114,11 +114,11 @@ def lil_ucb(
             c = float(reward_range)
         sigma = c / 2.0
         t = pulls.astype(float)
-        loglog = np.log(np.maximum(np.log((1.0 + _EPS) * t), 1.0))
+        log_t = np.maximum(np.log((1.0 + _EPS) * t), 1.0)  # guard log log for small T
         radius = (
             (1 + _BETA)
             * (1 + np.sqrt(_EPS))
-            * np.sqrt(2.0 * sigma**2 * (1 + _EPS) * np.log(loglog / delta_l) / t)
+            * np.sqrt(2.0 * sigma**2 * (1 + _EPS) * np.log(log_t / delta_l) / t)
         )
         exact = pulls >= n_obs
         ucb = np.where(exact, mean, mean + radius)

@@ -11,6 +11,7 @@ which for a common population size :math:`N` is the arm of highest mean reward.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -130,14 +131,15 @@ def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.
             f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
             f"{(len(arms), len(idx))}, got {out.shape}"
         )
-    if np.isnan(out).any():
-        raise ValueError(
-            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
-        )
-    if np.isposinf(out).any():
-        raise ValueError(
-            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
-        )
+    if not math.isfinite(out.sum()):  # fast path: a finite sum means every entry is finite
+        if np.isnan(out).any():
+            raise ValueError(
+                "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
+            )
+        if np.isposinf(out).any():
+            raise ValueError(
+                "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
+            )
     return out
 
 
@@ -321,13 +323,17 @@ class _Stats:
 
     def update(self, batch: np.ndarray) -> None:
         m = batch.shape[1]
-        bmean = batch.mean(axis=1)
+        bmean = np.add.reduce(batch, axis=1) * (1.0 / m)
         centred = batch - bmean[:, None]
-        bm2 = centred @ centred.T if self.pairwise else np.einsum("ij,ij->i", centred, centred)
         n = self.n + m
         d = bmean - self.mean
         corr = self.n * m / n
-        self.m2 += bm2 + (np.outer(d, d) if self.pairwise else d * d) * corr
+        if self.pairwise:
+            self.m2 += centred @ centred.T
+            if corr:
+                self.m2 += np.outer(d * corr, d)
+        else:
+            self.m2 += np.einsum("ij,ij->i", centred, centred) + d * d * corr
         self.mean += d * (m / n)
         self.n = n
 
@@ -359,9 +365,8 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
         batch = checked_rewards(rewards, alive, idx)
         n_evals += batch.size
         n_rounds += 1
-        finite = np.isfinite(batch).all(axis=1)
-        if not finite.all():
-            rows = np.flatnonzero(finite)
+        if not math.isfinite(batch.sum()):  # some arm has a -inf term: it can never win
+            rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
             if len(rows) == 0:
                 return _rescue(rewards, arms, alive, big_n, n_evals, n_rounds)
             alive, batch = alive[rows], batch[rows]
@@ -369,20 +374,24 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
         stats.update(batch)
         if size >= big_n or len(alive) == 1:
             break
-        lead = int(np.argmax(stats.mean))
+        lead = int(stats.mean.argmax())
         if pairwise:
-            var = (stats.m2[lead, lead] + np.diag(stats.m2) - 2.0 * stats.m2[lead]) / size
-            spread = batch[lead] - batch
-            c_obs = spread.max(axis=1) - spread.min(axis=1)
+            m2 = stats.m2
+            var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) * (1.0 / size)
         else:
-            var = stats.m2 / size
-            c_obs = batch.max(axis=1) - batch.min(axis=1)
-        sigma = np.sqrt(np.maximum(var, 0.0))
-        c = c_obs if c_user is None else c_user
+            var = stats.m2 * (1.0 / size)
+        np.maximum(var, 0.0, out=var)
+        sigma = np.sqrt(var, out=var)
         if bound == "normal":
-            sigma = np.maximum(sigma, rare_event_floor(c, size))
-            width = normal_width(threshold, sigma, size, big_n)
+            if c_user is not None:
+                np.maximum(sigma, rare_event_floor(c_user, size), out=sigma)
+            width = sigma * (threshold * math.sqrt((big_n - size) / (big_n - 1.0) / size))
         else:
+            if c_user is None:
+                spread = batch[lead] - batch if pairwise else batch
+                c = spread.max(axis=1) - spread.min(axis=1)
+            else:
+                c = c_user
             width = ebs_width(delta_look, sigma, size, big_n, c)
         if pairwise:
             keep = stats.mean[lead] - stats.mean <= width
@@ -393,9 +402,9 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
             rows = np.flatnonzero(keep)
             alive = alive[rows]
             stats.keep(rows)
-        if len(alive) == 1:
-            break
-    winner = int(alive[int(np.argmax(stats.mean))])
+            if len(alive) == 1:
+                break
+    winner = int(alive[int(stats.mean.argmax())])
     return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
 
 

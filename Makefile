@@ -1,0 +1,49 @@
+# Set-up and everyday commands. Each target creates .venv (Python >= 3.12) if missing.
+VENV := .venv
+BIN := $(VENV)/bin
+# first interpreter found that is Python >= 3.12 (pyenv honours .python-version here)
+PYTHON ?= $(shell for p in python3 python3.12 python3.13 python; do \
+	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; \
+	then echo $$p; break; fi; done)
+
+.PHONY: help demo test test-all lint docs bench clean
+
+help:
+	@echo "make demo      install and run the main demo (quick synthetic racing study)"
+	@echo "make test      install with the test extras and run lint + the test suite"
+	@echo "make test-all  also run the slow statistical tests"
+	@echo "make docs      build the documentation into docs/_build/html"
+	@echo "make bench     run every benchmark script (long)"
+
+$(BIN)/python:
+	@if [ -z "$(PYTHON)" ]; then \
+		echo "error: no Python >= 3.12 found. Install one (e.g. 'pyenv install 3.12') or run 'make PYTHON=/path/to/python3.12 ...'"; \
+		exit 1; fi
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.stamp-%: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[$*]"
+	@touch $@
+
+demo: $(VENV)/.stamp-examples
+	$(BIN)/python benchmarks/bandit_study.py --quick
+
+lint: $(VENV)/.stamp-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest -m "not slow"
+
+test-all: lint
+	$(BIN)/python -m pytest
+
+docs: $(VENV)/.stamp-docs
+	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
+
+bench: $(VENV)/.stamp-examples
+	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) docs/_build .pytest_cache .ruff_cache

@@ -1,0 +1,320 @@
+"""Racing core: error rates against delta, exactness, budgets, pitfalls, bad input."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pymc_subsample.racing import (
+    IndexStream,
+    doubling_schedule,
+    normal_threshold,
+    race,
+    sample_categorical,
+    union_threshold,
+)
+from pymc_subsample.racing.synthetic import bandit_population, rare_event_population
+
+SHARED_BOUNDS = ["normal", "ebs", "lilucb"]
+
+
+def table_rewards(table, calls=None):
+    def rewards(arms, idx):
+        if calls is not None:
+            calls.append((np.array(arms), np.array(idx)))
+        return table[np.ix_(arms, idx)]
+
+    return rewards
+
+
+def too_many_errors(errors, trials, delta, alpha=1e-3):
+    """One-sided binomial test of 'error rate <= delta' at level alpha."""
+    return stats.binom.sf(errors - 1, trials, delta) < alpha
+
+
+def error_rate(dist, bound, variance, *, n_obs=2000, sigma=2e-3, delta=0.05, trials=300, seed=0):
+    n_arms = 10
+    table, log_p = bandit_population(dist, n_arms, n_obs, sigma, rng=seed)
+    crange = float((table.max(axis=1) - table.min(axis=1)).max())
+    rewards = table_rewards(table)
+    rng = np.random.default_rng(seed + 1)
+    errors, evals = 0, []
+    for _ in range(trials):
+        noise = rng.gumbel(size=n_arms)
+        x, res = sample_categorical(
+            np.zeros(n_arms),
+            rewards,
+            n_obs,
+            delta=delta,
+            bound=bound,
+            variance=variance,
+            rng=rng,
+            noise=noise,
+            reward_range=None if bound == "normal" else crange,
+        )
+        assert res.n_evaluations <= n_obs * n_arms
+        errors += x != int(np.argmax(log_p + noise))
+        evals.append(res.n_evaluations)
+    return errors, np.mean(evals) / (n_obs * n_arms)
+
+
+@pytest.mark.parametrize("dist", ["normal", "uniform", "lognormal"])
+@pytest.mark.parametrize("variance", ["pairwise", "marginal"])
+@pytest.mark.parametrize("bound", ["normal", "ebs"])
+def test_error_rate_below_delta(dist, bound, variance):
+    trials = 300
+    errors, frac = error_rate(dist, bound, variance, trials=trials)
+    assert not too_many_errors(errors, trials, 0.05), (errors, trials)
+    assert frac < 1.0  # the race saved something on this population
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal"])
+def test_lilucb_error_rate_below_delta(dist):
+    trials = 80
+    errors, _ = error_rate(dist, "lilucb", "pairwise", sigma=3e-4, trials=trials)
+    assert not too_many_errors(errors, trials, 0.05)
+
+
+def test_normal_race_error_close_to_delta_on_hard_problem():
+    # Racing-Normal's bound is sharp (seed 001, Fig. 1b): on a hard population the
+    # error is of the order of delta, not orders of magnitude below it. Checking
+    # both directions shows the error-rate test has power.
+    trials = 400
+    errors, frac = error_rate(
+        "normal", "normal", "pairwise", sigma=2e-2, delta=0.2, trials=trials, seed=3
+    )
+    assert not too_many_errors(errors, trials, 0.2)
+    assert errors > 0
+    assert frac > 0.3
+
+
+@pytest.mark.parametrize("bound", ["normal", "ebs", "lilucb"])
+def test_exact_and_easy_races_return_argmax(bound):
+    table, log_p = bandit_population("uniform", 6, 500, 1e-5, rng=4)
+    rewards = table_rewards(table)
+    for seed in range(20):
+        res = race(rewards, 6, 500, bound=bound, rng=seed, reward_range=1e-4)
+        assert res.winner == int(np.argmax(log_p))
+    res = race(rewards, 6, 500, bound="exact")
+    assert res.winner == int(np.argmax(log_p)) and res.exhausted
+    assert res.n_evaluations == 6 * 500
+
+
+def test_exact_bound_is_always_right():
+    table, _ = bandit_population("lognormal", 10, 300, 1.0, rng=5)
+    rewards = table_rewards(table)
+    for seed in range(30):
+        noise = np.random.default_rng(seed).gumbel(size=10)
+        x, res = sample_categorical(np.zeros(10), rewards, 300, bound="exact", noise=noise)
+        assert x == int(np.argmax(table.sum(axis=1) + noise))
+        assert res.exhausted
+
+
+@pytest.mark.parametrize("bound", ["normal", "ebs", "exact"])
+def test_sample_categorical_matches_target_distribution(bound):
+    n_arms, n_obs = 4, 400
+    probs = np.array([0.1, 0.2, 0.3, 0.4])
+    table, log_p = bandit_population("normal", n_arms, n_obs, 1e-3, rng=6, probs=probs)
+    rewards = table_rewards(table)
+    rng = np.random.default_rng(7)
+    draws = 2000
+    counts = np.bincount(
+        [
+            sample_categorical(
+                np.zeros(n_arms), rewards, n_obs, bound=bound, rng=rng, reward_range=0.1
+            )[0]
+            for _ in range(draws)
+        ],
+        minlength=n_arms,
+    )
+    pval = stats.chisquare(counts, draws * np.exp(log_p)).pvalue
+    assert pval > 1e-3, counts
+
+
+def test_budget_never_exceeds_n_times_d():
+    table, _ = bandit_population("lognormal", 5, 777, 10.0, rng=8)
+    rewards = table_rewards(table)
+    for bound in ["normal", "ebs", "lilucb", "exact"]:
+        for variance in ["pairwise", "marginal"]:
+            for seed in range(5):
+                res = race(rewards, 5, 777, bound=bound, variance=variance, rng=seed, batch_size=2)
+                assert res.n_evaluations <= 5 * 777
+                assert res.n_drawn <= 777
+
+
+def test_log_f0_minus_inf_arms_never_win_and_cost_nothing():
+    table, _ = bandit_population("normal", 5, 300, 1e-3, rng=9)
+    calls = []
+    log_f0 = np.array([0.0, -np.inf, 50.0, -np.inf, 0.0])
+    for seed in range(20):
+        x, _ = sample_categorical(log_f0, table_rewards(table, calls), 300, rng=seed)
+        assert x == 2
+    assert not any(np.isin([1, 3], arms).any() for arms, _ in calls)
+
+
+def test_minus_inf_rewards_eliminate_at_once():
+    table = np.zeros((3, 1000))
+    table[2] = 1.0  # best by far, but impossible at every fifth observation
+    table[2, ::5] = -np.inf
+    table[1] = 0.5
+    for variance in ["pairwise", "marginal"]:
+        for bound in ["normal", "ebs", "lilucb"]:
+            for seed in range(10):
+                res = race(table_rewards(table), 3, 1000, bound=bound, variance=variance, rng=seed)
+                assert res.winner == 1
+    assert race(table_rewards(table), 3, 1000, bound="exact").winner == 1
+
+
+def test_all_minus_inf_raises():
+    table = np.zeros((3, 100))
+    table[:, ::3] = -np.inf
+    for bound in ["normal", "ebs", "lilucb", "exact"]:
+        with pytest.raises(ValueError, match="-inf"):
+            race(table_rewards(table), 3, 100, bound=bound, rng=0)
+    with pytest.raises(ValueError, match="-inf"):
+        sample_categorical(np.full(3, -np.inf), table_rewards(table), 100)
+
+
+def test_identical_arms_tie_at_n_and_lowest_index_wins():
+    table = np.tile(np.random.default_rng(10).normal(size=500), (3, 1))
+    for variance in ["pairwise", "marginal"]:
+        res = race(table_rewards(table), 3, 500, variance=variance, rng=1)
+        assert res.exhausted and res.winner == 0 and res.n_drawn == 500
+
+
+def test_constant_differences_decided_at_first_look_pairwise():
+    base = np.random.default_rng(11).normal(size=10_000) * 5.0
+    table = np.stack([base, base + 1e-3, base - 1e-3])
+    res = race(table_rewards(table), 3, 10_000, variance="pairwise", rng=0)
+    assert res.winner == 1 and res.n_rounds == 1 and res.n_evaluations == 3 * 50
+    res = race(table_rewards(table), 3, 10_000, variance="marginal", rng=0)
+    assert res.winner == 1 and res.n_rounds > 1  # marginal cannot see the constant gap early
+
+
+def test_rare_event_rewards_need_the_range():
+    trials, delta = 200, 0.01
+    wrong_default = wrong_floored = 0
+    evals = []
+    for seed in range(trials):
+        table = rare_event_population(20_000, 20, 1.0, rng=seed)
+        default = race(table_rewards(table), 2, 20_000, delta=delta, rng=seed)
+        floored = race(table_rewards(table), 2, 20_000, delta=delta, rng=seed, reward_range=1.0)
+        wrong_default += default.winner != 0
+        wrong_floored += floored.winner != 0
+        evals.append(floored.n_evaluations)
+    # the known failure of the plain normal approximation (ALGORITHMS.md §7) ...
+    assert wrong_default > 10 * delta * trials
+    # ... which the floor from a true reward range removes, still saving rewards
+    assert not too_many_errors(wrong_floored, trials, delta)
+    assert np.mean(evals) < 2 * 20_000
+
+
+def test_independent_populations_of_different_sizes():
+    rng = np.random.default_rng(12)
+    sizes = np.array([50, 400, 3000, 800])
+    pops = [rng.normal(0.0, 0.01, size=n) for n in sizes]
+    pops = [p - p.mean() for p in pops]
+    totals = np.array([2.0, 1.0, 0.0, 2.3])
+    pops = [p + t / len(p) for p, t in zip(pops, totals, strict=True)]
+
+    def rewards(arms, idx):
+        assert len(arms) == 1
+        return pops[int(arms[0])][idx][None, :]
+
+    trials, wrong, evals = 100, 0, []
+    for seed in range(trials):
+        res = race(rewards, 4, sizes, variance="marginal", rng=seed, batch_size=10)
+        wrong += res.winner != 3
+        evals.append(res.n_evaluations)
+    assert not too_many_errors(wrong, trials, 0.05)
+    assert np.mean(evals) < sizes.sum()
+    assert race(rewards, 4, sizes, variance="marginal", bound="exact").winner == 3
+    with pytest.raises(ValueError, match="marginal"):
+        race(rewards, 4, sizes)
+    with pytest.raises(ValueError, match="entries"):
+        race(rewards, 3, sizes, variance="marginal")
+
+
+def test_normal_threshold_controls_the_crossing_probability():
+    # Simulate the standardized means of without-replacement sampling from a
+    # Gaussian population along the doubling schedule and check P(max Z > B).
+    n_obs, batch, delta = 3200, 50, 0.1
+    looks = doubling_schedule(n_obs, batch)[:-1]
+    b = normal_threshold(looks, n_obs, delta)
+    assert stats.norm.isf(delta) < b < union_threshold(len(looks), delta)
+    rng = np.random.default_rng(13)
+    pop = rng.normal(size=n_obs)
+    pop = (pop - pop.mean()) / pop.std()
+    reps = 4000
+    perm = rng.permuted(np.tile(pop, (reps, 1)), axis=1)
+    csum = np.cumsum(perm, axis=1)[:, looks - 1]
+    sd = np.sqrt((n_obs - looks) / (n_obs - 1) / looks)
+    crossed = ((csum / looks) / sd > b).any(axis=1).mean()
+    assert abs(crossed - delta) < 4 * np.sqrt(delta * (1 - delta) / reps), crossed
+
+
+def test_index_stream_is_uniform_without_replacement():
+    rng = np.random.default_rng(14)
+    n, k, reps = 100, 30, 3000
+    counts = np.zeros(n)
+    for _ in range(reps):
+        s = IndexStream(n, rng)
+        first = s.take(10)
+        second = s.take(k - 10)
+        both = np.concatenate([first, second])
+        assert len(np.unique(both)) == k
+        counts[both] += 1
+    assert stats.chisquare(counts).pvalue > 1e-3
+    s = IndexStream(1000, rng)
+    parts = [s.take(m) for m in (7, 100, 300, 593)]
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    assert s.n_drawn == 1000
+    with pytest.raises(ValueError, match="remain"):
+        s.take(1)
+
+
+def test_large_population_small_batch_does_not_permute_everything():
+    s = IndexStream(10**9, np.random.default_rng(0))
+    idx = s.take(100)
+    assert len(np.unique(idx)) == 100 and idx.max() < 10**9
+    assert s._rest is None  # no list of all indices was built
+
+
+def test_doubling_schedule():
+    assert doubling_schedule(1000, 50).tolist() == [50, 100, 200, 400, 800, 1000]
+    assert doubling_schedule(30, 50).tolist() == [30]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"delta": -0.1}, "delta"),
+        ({"batch_size": 1}, "batch_size"),
+        ({"bound": "hoeffding"}, "bound"),
+        ({"variance": "joint"}, "variance"),
+        ({"reward_range": -1.0}, "reward_range"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    table = np.zeros((2, 10))
+    with pytest.raises(ValueError, match=match):
+        race(table_rewards(table), 2, 10, **kwargs)
+
+
+def test_bad_sizes_and_callbacks_raise():
+    table = np.zeros((2, 10))
+    with pytest.raises(ValueError, match="n_arms"):
+        race(table_rewards(table), 0, 10)
+    with pytest.raises(ValueError, match="n_obs"):
+        race(table_rewards(table), 2, 0)
+    with pytest.raises(ValueError, match="shape"):
+        race(lambda a, i: np.zeros(len(i)), 2, 10)
+    with pytest.raises(ValueError, match="NaN"):
+        race(lambda a, i: np.full((len(a), len(i)), np.nan), 2, 10)
+    with pytest.raises(ValueError, match=r"\+inf"):
+        race(lambda a, i: np.full((len(a), len(i)), np.inf), 2, 10)
+    with pytest.raises(ValueError, match="log_f0"):
+        sample_categorical(np.array([0.0, np.nan]), table_rewards(table), 10)
+    with pytest.raises(ValueError, match="delta"):
+        sample_categorical(np.zeros(2), table_rewards(table), 10, delta=2)
