@@ -1,0 +1,177 @@
+"""Reproduce the synthetic bandit study of seed 001 (Sec. 5.1, Fig. 1; App. C.1).
+
+For D arms and N rewards per arm drawn from Normal, Uniform or LogNormal(0, 2)
+(standardized, scaled by sigma, totals fixed to log p), draw X by Gumbel-max
+racing and record (a) the empirical error (X differs from the exact argmax for
+the same Gumbel noise) and (b) the fraction of the N*D rewards drawn, for
+Racing-Normal, Racing-EBS and adapted lil'UCB, against delta.
+
+Writes ``docs/results/bandit_study.md`` and PNG figures under
+``docs/results/figures/``. ``--quick`` runs a reduced study (N = 1e4, fewer
+repetitions, < 5 minutes on 2 cores) and prints the table.
+
+Run: ``python benchmarks/bandit_study.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pymc_subsample.racing import sample_categorical
+from pymc_subsample.racing.synthetic import REWARD_DISTRIBUTIONS, bandit_population
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "results"
+ALGORITHMS = {"normal": "Racing-Normal", "ebs": "Racing-EBS", "lilucb": "lil'UCB"}
+
+
+def run_setting(dist, bound, variance, n_arms, n_obs, sigma, delta, reps, seed):
+    """Error rate and mean fraction of rewards drawn for one setting."""
+    table, log_p = bandit_population(dist, n_arms, n_obs, sigma, rng=seed)
+    # tight C = max_{n,n'} (l_in - l_in') as in the paper (EBS bound, lil'UCB scale)
+    crange = float((table.max(axis=1) - table.min(axis=1)).max())
+
+    def rewards(arms, idx):
+        return table[np.ix_(arms, idx)]
+
+    rng = np.random.default_rng(seed + 1000)
+    errors = 0
+    evals = 0
+    for _ in range(reps):
+        noise = rng.gumbel(size=n_arms)
+        x, res = sample_categorical(
+            np.zeros(n_arms), rewards, n_obs, delta=delta, bound=bound, variance=variance,
+            batch_size=2 if bound == "ebs" else 50, rng=rng, noise=noise,
+            reward_range=None if bound == "normal" else crange,
+        )
+        errors += x != int(np.argmax(log_p + noise))
+        evals += res.n_evaluations
+    return errors, evals / (reps * n_arms * n_obs)
+
+
+def study(settings, deltas, reps_for, log):
+    rows = []
+    for name, dist, bound, variance, n_arms, n_obs, sigma in settings:
+        for delta in deltas:
+            reps = reps_for(bound, n_arms)
+            t0 = time.perf_counter()
+            errors, frac = run_setting(dist, bound, variance, n_arms, n_obs, sigma, delta,
+                                       reps, seed=17)
+            dt = time.perf_counter() - t0
+            err = errors / reps
+            se = np.sqrt(max(err, 1.0 / reps) * (1 - err) / reps)
+            rows.append(dict(study=name, dist=dist, bound=bound, variance=variance, D=n_arms,
+                             N=n_obs, sigma=sigma, delta=delta, reps=reps, errors=errors,
+                             error=err, se=se, frac=frac, seconds=dt))
+            log(f"  {name:14s} {dist:9s} {ALGORITHMS[bound]:13s} {variance:8s} D={n_arms:<3d} "
+                f"delta={delta:<6g} error={err:.4f} (+-{se:.4f}, {reps} reps) "
+                f"rewards={frac:.3f} ({dt:.1f}s)")
+    return rows
+
+
+def markdown(rows, title, command):
+    lines = [f"# {title}", "", f"Regenerate with `{command}`.", "",
+             "| study | rewards | algorithm | variance | D | N | sigma | delta | reps | "
+             "error | ± se | error ≤ delta | fraction of N·D drawn |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = "yes" if r["error"] <= r["delta"] + 2 * r["se"] else "**no**"
+        lines.append(
+            f"| {r['study']} | {r['dist']} | {ALGORITHMS[r['bound']]} | {r['variance']} | "
+            f"{r['D']} | {r['N']:.0e} | {r['sigma']:.0e} | {r['delta']:g} | {r['reps']} | "
+            f"{r['error']:.4f} | {r['se']:.4f} | {ok} | {r['frac']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, study_name, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sub = [r for r in rows if r["study"] == study_name]
+    dists = [d for d in REWARD_DISTRIBUTIONS if any(r["dist"] == d for r in sub)]
+    fig, axes = plt.subplots(2, len(dists), figsize=(4.2 * len(dists), 7.5), squeeze=False)
+    for j, dist in enumerate(dists):
+        for bound, label in ALGORITHMS.items():
+            rs = [r for r in sub if r["dist"] == dist and r["bound"] == bound]
+            if not rs:
+                continue
+            d = np.array([r["delta"] for r in rs])
+            err = np.array([r["error"] for r in rs])
+            se = np.array([r["se"] for r in rs])
+            axes[0, j].errorbar(d, np.maximum(err, 1e-5), yerr=2 * se, marker="o", capsize=3,
+                                label=label)
+            axes[1, j].plot(d, [r["frac"] for r in rs], marker="o", label=label)
+        axes[0, j].plot(d, d, "k--", lw=1, label="error = δ")
+        axes[0, j].set(xscale="log", yscale="log", xlabel="δ", ylabel="empirical error",
+                       title=f"{dist} rewards", ylim=(1e-5, 0.5))
+        axes[1, j].set(xscale="log", yscale="log", xlabel="δ",
+                       ylabel="fraction of N·D rewards drawn", ylim=(1e-3, 1.5))
+        axes[0, j].legend(fontsize=8)
+        axes[1, j].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="reduced study (< 5 min)")
+    args = parser.parse_args()
+
+    if args.quick:
+        n_obs, sigma, deltas = 10_000, 1e-3, [0.01, 0.05, 0.1]
+        reps_for = lambda bound, d: {"lilucb": 30}.get(bound, 300)  # noqa: E731
+        extra = []
+    else:
+        n_obs, sigma, deltas = 100_000, 1e-4, [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+
+        def reps_for(bound, d):
+            if bound == "lilucb":
+                return 200 if d <= 10 else 50
+            return 2000 if d <= 10 else 300
+
+        extra = (
+            [("D=2", dist, b, "pairwise", 2, n_obs, sigma) for dist in REWARD_DISTRIBUTIONS
+             for b in ALGORITHMS]
+            + [("D=100", dist, b, "pairwise", 100, n_obs, sigma) for dist in ("normal",)
+               for b in ("normal", "ebs")]
+            + [("marginal", dist, b, "marginal", 10, n_obs, sigma) for dist in REWARD_DISTRIBUTIONS
+               for b in ("normal", "ebs")]
+        )
+    sigmas = [sigma] if args.quick else [1e-4, 1e-3]
+    main_settings = [(f"D=10 σ={s:g}", dist, b, "pairwise", 10, n_obs, s)
+                     for s in sigmas for dist in REWARD_DISTRIBUTIONS for b in ALGORITHMS]
+    print(f"Synthetic bandit study ({'quick' if args.quick else 'full'}): N={n_obs:.0e}, "
+          f"sigma={sigma:g}, deltas={deltas}")
+    t0 = time.perf_counter()
+    rows = study(main_settings + extra, deltas, reps_for, print)
+    print(f"done in {time.perf_counter() - t0:.0f}s")
+
+    if args.quick:
+        print()
+        print(markdown(rows, "Synthetic bandit study (quick)",
+                       "python benchmarks/bandit_study.py --quick"))
+        return
+    figs = OUT / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    for name, fname in [("D=10 σ=0.0001", "bandit_D10_sigma1e-4.png"),
+                        ("D=10 σ=0.001", "bandit_D10_sigma1e-3.png"),
+                        ("D=2", "bandit_D2.png"), ("D=100", "bandit_D100.png"),
+                        ("marginal", "bandit_marginal.png")]:
+        plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
+        print(f"wrote {figs / fname}")
+    md = OUT / "bandit_study.md"
+    md.write_text(markdown(rows, "Synthetic bandit study: table",
+                           "python benchmarks/bandit_study.py"))
+    print(f"wrote {md}")
+
+
+if __name__ == "__main__":
+    main()
