@@ -44,8 +44,15 @@ def run_setting(dist, bound, variance, n_arms, n_obs, sigma, delta, reps, seed):
     for _ in range(reps):
         noise = rng.gumbel(size=n_arms)
         x, res = sample_categorical(
-            np.zeros(n_arms), rewards, n_obs, delta=delta, bound=bound, variance=variance,
-            batch_size=2 if bound == "ebs" else 50, rng=rng, noise=noise,
+            np.zeros(n_arms),
+            rewards,
+            n_obs,
+            delta=delta,
+            bound=bound,
+            variance=variance,
+            batch_size=2 if bound == "ebs" else 50,
+            rng=rng,
+            noise=noise,
             reward_range=None if bound == "normal" else crange,
         )
         errors += x != int(np.argmax(log_p + noise))
@@ -59,31 +66,55 @@ def study(settings, deltas, reps_for, log):
         for delta in deltas:
             reps = reps_for(bound, n_arms)
             t0 = time.perf_counter()
-            errors, frac = run_setting(dist, bound, variance, n_arms, n_obs, sigma, delta,
-                                       reps, seed=17)
+            errors, frac = run_setting(
+                dist, bound, variance, n_arms, n_obs, sigma, delta, reps, seed=17
+            )
             dt = time.perf_counter() - t0
             err = errors / reps
             se = np.sqrt(max(err, 1.0 / reps) * (1 - err) / reps)
-            rows.append(dict(study=name, dist=dist, bound=bound, variance=variance, D=n_arms,
-                             N=n_obs, sigma=sigma, delta=delta, reps=reps, errors=errors,
-                             error=err, se=se, frac=frac, seconds=dt))
-            log(f"  {name:14s} {dist:9s} {ALGORITHMS[bound]:13s} {variance:8s} D={n_arms:<3d} "
+            rows.append(
+                dict(
+                    study=name,
+                    dist=dist,
+                    bound=bound,
+                    variance=variance,
+                    D=n_arms,
+                    N=n_obs,
+                    sigma=sigma,
+                    delta=delta,
+                    reps=reps,
+                    errors=errors,
+                    error=err,
+                    se=se,
+                    frac=frac,
+                    seconds=dt,
+                )
+            )
+            log(
+                f"  {name:14s} {dist:9s} {ALGORITHMS[bound]:13s} {variance:8s} D={n_arms:<3d} "
                 f"delta={delta:<6g} error={err:.4f} (+-{se:.4f}, {reps} reps) "
-                f"rewards={frac:.3f} ({dt:.1f}s)")
+                f"rewards={frac:.3f} ({dt:.1f}s)"
+            )
     return rows
 
 
 def markdown(rows, title, command):
-    lines = [f"# {title}", "", f"Regenerate with `{command}`.", "",
-             "| study | rewards | algorithm | variance | D | N | sigma | delta | reps | "
-             "error | ± se | error ≤ delta | fraction of N·D drawn |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        f"Regenerate with `{command}`.",
+        "",
+        "| study | rewards | algorithm | variance | D | N | sigma | delta | reps | "
+        "error | ± se | error ≤ delta | fraction of N·D drawn |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         ok = "yes" if r["error"] <= r["delta"] + 2 * r["se"] else "**no**"
         lines.append(
             f"| {r['study']} | {r['dist']} | {ALGORITHMS[r['bound']]} | {r['variance']} | "
             f"{r['D']} | {r['N']:.0e} | {r['sigma']:.0e} | {r['delta']:g} | {r['reps']} | "
-            f"{r['error']:.4f} | {r['se']:.4f} | {ok} | {r['frac']:.4f} |")
+            f"{r['error']:.4f} | {r['se']:.4f} | {ok} | {r['frac']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -104,14 +135,26 @@ def plot(rows, study_name, path, title):
             d = np.array([r["delta"] for r in rs])
             err = np.array([r["error"] for r in rs])
             se = np.array([r["se"] for r in rs])
-            axes[0, j].errorbar(d, np.maximum(err, 1e-5), yerr=2 * se, marker="o", capsize=3,
-                                label=label)
+            axes[0, j].errorbar(
+                d, np.maximum(err, 1e-5), yerr=2 * se, marker="o", capsize=3, label=label
+            )
             axes[1, j].plot(d, [r["frac"] for r in rs], marker="o", label=label)
         axes[0, j].plot(d, d, "k--", lw=1, label="error = δ")
-        axes[0, j].set(xscale="log", yscale="log", xlabel="δ", ylabel="empirical error",
-                       title=f"{dist} rewards", ylim=(1e-5, 0.5))
-        axes[1, j].set(xscale="log", yscale="log", xlabel="δ",
-                       ylabel="fraction of N·D rewards drawn", ylim=(1e-3, 1.5))
+        axes[0, j].set(
+            xscale="log",
+            yscale="log",
+            xlabel="δ",
+            ylabel="empirical error",
+            title=f"{dist} rewards",
+            ylim=(1e-5, 0.5),
+        )
+        axes[1, j].set(
+            xscale="log",
+            yscale="log",
+            xlabel="δ",
+            ylabel="fraction of N·D rewards drawn",
+            ylim=(1e-3, 1.5),
+        )
         axes[0, j].legend(fontsize=8)
         axes[1, j].legend(fontsize=8)
     fig.suptitle(title)
@@ -138,38 +181,60 @@ def main():
             return 2000 if d <= 10 else 300
 
         extra = (
-            [("D=2", dist, b, "pairwise", 2, n_obs, sigma) for dist in REWARD_DISTRIBUTIONS
-             for b in ALGORITHMS]
-            + [("D=100", dist, b, "pairwise", 100, n_obs, sigma) for dist in ("normal",)
-               for b in ("normal", "ebs")]
-            + [("marginal", dist, b, "marginal", 10, n_obs, sigma) for dist in REWARD_DISTRIBUTIONS
-               for b in ("normal", "ebs")]
+            [
+                ("D=2", dist, b, "pairwise", 2, n_obs, sigma)
+                for dist in REWARD_DISTRIBUTIONS
+                for b in ALGORITHMS
+            ]
+            + [
+                ("D=100", dist, b, "pairwise", 100, n_obs, sigma)
+                for dist in ("normal",)
+                for b in ("normal", "ebs")
+            ]
+            + [
+                ("marginal", dist, b, "marginal", 10, n_obs, sigma)
+                for dist in REWARD_DISTRIBUTIONS
+                for b in ("normal", "ebs")
+            ]
         )
     sigmas = [sigma] if args.quick else [1e-4, 1e-3]
-    main_settings = [(f"D=10 σ={s:g}", dist, b, "pairwise", 10, n_obs, s)
-                     for s in sigmas for dist in REWARD_DISTRIBUTIONS for b in ALGORITHMS]
-    print(f"Synthetic bandit study ({'quick' if args.quick else 'full'}): N={n_obs:.0e}, "
-          f"sigma={sigma:g}, deltas={deltas}")
+    main_settings = [
+        (f"D=10 σ={s:g}", dist, b, "pairwise", 10, n_obs, s)
+        for s in sigmas
+        for dist in REWARD_DISTRIBUTIONS
+        for b in ALGORITHMS
+    ]
+    print(
+        f"Synthetic bandit study ({'quick' if args.quick else 'full'}): N={n_obs:.0e}, "
+        f"sigma={sigma:g}, deltas={deltas}"
+    )
     t0 = time.perf_counter()
     rows = study(main_settings + extra, deltas, reps_for, print)
     print(f"done in {time.perf_counter() - t0:.0f}s")
 
     if args.quick:
         print()
-        print(markdown(rows, "Synthetic bandit study (quick)",
-                       "python benchmarks/bandit_study.py --quick"))
+        print(
+            markdown(
+                rows, "Synthetic bandit study (quick)", "python benchmarks/bandit_study.py --quick"
+            )
+        )
         return
     figs = OUT / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    for name, fname in [("D=10 σ=0.0001", "bandit_D10_sigma1e-4.png"),
-                        ("D=10 σ=0.001", "bandit_D10_sigma1e-3.png"),
-                        ("D=2", "bandit_D2.png"), ("D=100", "bandit_D100.png"),
-                        ("marginal", "bandit_marginal.png")]:
+    for name, fname in [
+        ("D=10 σ=0.0001", "bandit_D10_sigma1e-4.png"),
+        ("D=10 σ=0.001", "bandit_D10_sigma1e-3.png"),
+        ("D=2", "bandit_D2.png"),
+        ("D=100", "bandit_D100.png"),
+        ("marginal", "bandit_marginal.png"),
+    ]:
         plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
         print(f"wrote {figs / fname}")
     md = OUT / "bandit_study.md"
-    md.write_text(markdown(rows, "Synthetic bandit study: table",
-                           "python benchmarks/bandit_study.py"))
+    md.write_text(
+        markdown(rows, "Synthetic bandit study: table", "python benchmarks/bandit_study.py")
+    )
     print(f"wrote {md}")
 
 

@@ -38,8 +38,7 @@ def fixed_batch(n_arms, variance, looks=40, batch=50, reps=30):
     rounds = 0
     t0 = time.perf_counter()
     for r in range(reps):
-        rounds += race(rewards, n_arms, n_obs, schedule=schedule, variance=variance,
-                       rng=r).n_rounds
+        rounds += race(rewards, n_arms, n_obs, schedule=schedule, variance=variance, rng=r).n_rounds
     return (time.perf_counter() - t0) / rounds * 1e6
 
 
@@ -66,19 +65,25 @@ def doubling(n_arms, variance, n_obs=100_000, reps=100):
 
 
 def main():
-    lines = ["# Racing bookkeeping cost", "",
-             "Regenerate with `python benchmarks/racing_overhead.py`. Times exclude the reward "
-             "callback.", "",
-             "| D | variance | µs per round, batch 50 | µs per round, doubling race | "
-             "ns per reward drawn | rounds per race | rewards per race |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Racing bookkeeping cost",
+        "",
+        "Regenerate with `python benchmarks/racing_overhead.py`. Times exclude the reward "
+        "callback.",
+        "",
+        "| D | variance | µs per round, batch 50 | µs per round, doubling race | "
+        "ns per reward drawn | rounds per race | rewards per race |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for n_arms in (10, 100):
         for variance in ("pairwise", "marginal"):
             print(f"measuring D={n_arms} {variance} ...")
             fixed = fixed_batch(n_arms, variance)
             per_round, per_reward, rounds, evals = doubling(n_arms, variance)
-            lines.append(f"| {n_arms} | {variance} | {fixed:.0f} | {per_round:.0f} | "
-                         f"{per_reward:.0f} | {rounds:.1f} | {evals:.0f} |")
+            lines.append(
+                f"| {n_arms} | {variance} | {fixed:.0f} | {per_round:.0f} | "
+                f"{per_reward:.0f} | {rounds:.1f} | {evals:.0f} |"
+            )
             print("  " + lines[-1])
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")

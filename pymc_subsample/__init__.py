@@ -1,8 +1,19 @@
 """pymc-subsample: PyMC step methods that evaluate only as much likelihood as needed."""
 
 from . import racing
+from .gibbs import SubsampledCategoricalGibbs
+from .graph import ModelSplitError, ObservationTerms
 from .racing import RaceResult, race, sample_categorical
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["RaceResult", "__version__", "race", "racing", "sample_categorical"]
+__all__ = [
+    "ModelSplitError",
+    "ObservationTerms",
+    "RaceResult",
+    "SubsampledCategoricalGibbs",
+    "__version__",
+    "race",
+    "racing",
+    "sample_categorical",
+]

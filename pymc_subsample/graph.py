@@ -1,0 +1,328 @@
+r"""Per-observation log-likelihood terms of a PyMC model, evaluated on index subsets.
+
+For value variables :math:`\theta` (the block a step updates), the model's
+log density splits into the terms that involve :math:`\theta`:
+
+.. math:: \log \tilde p(\theta) = \log f_0(\theta) + \sum_{n=1}^N \log f_n(\theta),
+
+with :math:`\log f_n` the log-likelihood of observation :math:`n` (summed over
+every observed variable that depends on :math:`\theta` and over trailing event
+dimensions) and :math:`\log f_0` everything else that involves :math:`\theta`
+(its prior, Jacobian, and the log densities of other free variables whose
+parameters depend on it). :class:`ObservationTerms` compiles
+
+* ``subset``: :math:`\log f_n(\theta_k)` for candidates :math:`\theta_1..\theta_K`
+  and observations ``idx``, shape ``(K, len(idx))``, by replacing every
+  per-observation data input :math:`D` (a ``pm.Data`` with :math:`N` rows) by
+  ``D[idx]``, so the cost grows with ``len(idx)``, not with :math:`N`
+  (``PYMC_NOTES.md``);
+* ``full``: the same on all :math:`N` observations, shape ``(K, N)``;
+* ``exact``: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
+
+All three take the other value variables from a point dictionary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant
+from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.traversal import ancestors, graph_inputs
+
+__all__ = ["ModelSplitError", "ObservationTerms"]
+
+
+class ModelSplitError(ValueError):
+    """The model's likelihood cannot be split into per-observation terms."""
+
+
+def _as_value_vars(model, vars) -> list:
+    from pymc.util import get_value_vars_from_user_vars
+
+    return list(get_value_vars_from_user_vars(vars, model))
+
+
+def _depends_on(graph, variables) -> bool:
+    targets = set(variables)
+    return any(a in targets for a in ancestors([graph]))
+
+
+class ObservationTerms:
+    """Per-observation log-likelihood terms of a block of variables, on index subsets.
+
+    Parameters
+    ----------
+    model : pymc.Model
+        The model.
+    vars : sequence of variables
+        The block (random variables or their value variables).
+    data : sequence of pm.Data variables or names, optional
+        The per-observation data inputs (observed values and covariates whose
+        first dimension indexes observations). Default: every ``pm.Data``
+        (shared variable) in the likelihood whose first dimension equals
+        :math:`N`.
+    initial_point : dict, optional
+        Point used to find :math:`N` and to check the subset graph.
+    compile_kwargs : dict, optional
+        Passed to ``model.compile_fn``.
+
+    Attributes
+    ----------
+    vars : list
+        The block's value variables.
+    n_obs : int
+        :math:`N`.
+    observed : list of str
+        Names of the observed variables whose terms are raced.
+    data : list
+        The per-observation data inputs that are indexed.
+    inputs : list
+        The other value variables the terms depend on (read from the point).
+
+    Raises
+    ------
+    ModelSplitError
+        When no observed variable depends on the block, observed data or
+        covariates are NumPy arrays baked into the graph, observed variables
+        have different lengths, or the subset graph disagrees with the full
+        one (per-observation latent variables, observations coupled through a
+        time-series likelihood, a per-observation input that is not indexed).
+    """
+
+    def __init__(
+        self,
+        model,
+        vars: Sequence,
+        *,
+        data: Sequence | None = None,
+        initial_point: dict | None = None,
+        compile_kwargs: dict | None = None,
+    ):
+        self.vars = _as_value_vars(model, vars)
+        point = model.initial_point() if initial_point is None else initial_point
+        compile_kwargs = dict(compile_kwargs or {})
+        compile_kwargs.setdefault("on_unused_input", "ignore")
+        names = ", ".join(v.name for v in self.vars)
+
+        per_obs, scalar_obs, observed = [], [], []
+        for rv in model.observed_RVs:
+            [lp] = model.logp(vars=[rv], sum=False)
+            if not _depends_on(lp, self.vars):
+                continue
+            if lp.ndim == 0:
+                scalar_obs.append(lp)
+                continue
+            self._reject_numpy_observed(model, rv)
+            if lp.ndim > 1:
+                lp = lp.sum(axis=tuple(range(1, lp.ndim)))
+            per_obs.append(lp)
+            observed.append(rv.name)
+        if not per_obs:
+            raise ModelSplitError(
+                f"no observed variable with per-observation terms depends on {names}: "
+                "there is nothing to subsample; use an exact PyMC step for it"
+            )
+        self.observed = observed
+
+        value_vars = model.value_vars
+        lengths = self._lengths(model, per_obs, value_vars, point, compile_kwargs)
+        if len(set(lengths)) > 1:
+            detail = ", ".join(f"{o} has {n}" for o, n in zip(observed, lengths, strict=True))
+            raise ModelSplitError(
+                f"observed variables depending on {names} have different numbers of "
+                f"observations ({detail}); terms can only be raced over one common index. "
+                "Give them a common first dimension or update the variable with an exact step"
+            )
+        self.n_obs = int(lengths[0])
+        loglik = per_obs[0]
+        for lp in per_obs[1:]:
+            loglik = loglik + lp
+
+        exact_terms = [
+            model.logp(vars=[rv], sum=True)
+            for rv in model.free_RVs
+            if _depends_on(model.logp(vars=[rv], sum=True), self.vars)
+        ] + scalar_obs
+        log_f0 = pt.add(*exact_terms) if len(exact_terms) > 1 else exact_terms[0]
+
+        self.data = self._find_data(model, loglik, data, observed)
+        self._reject_numpy_inputs(loglik, observed)
+
+        idx = pt.lvector("idx")
+        subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
+        self._cands = [
+            pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
+            for v in self.vars
+        ]
+        batch = dict(zip(self.vars, self._cands, strict=True))
+        outs = [vectorize_graph(g, replace=batch) for g in (subset, loglik, log_f0)]
+        used = set()
+        for g in outs:
+            used |= set(graph_inputs([g]))
+        self.inputs = [v for v in value_vars if v in used and v not in self.vars]
+        self._input_names = [v.name for v in self.inputs]
+        self._subset_fn = model.compile_fn(
+            outs[0], inputs=[*self._cands, idx, *self.inputs], point_fn=False, **compile_kwargs
+        )
+        self._full_fn = model.compile_fn(
+            outs[1], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
+        )
+        self._exact_fn = model.compile_fn(
+            outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
+        )
+        self._check_subset(point, names)
+
+    # -- construction helpers -------------------------------------------------
+
+    @staticmethod
+    def _reject_numpy_observed(model, rv) -> None:
+        value = model.rvs_to_values[rv]
+        if isinstance(value, Constant) and np.ndim(value.data) >= 1:
+            raise ModelSplitError(
+                f"the observed data of {rv.name!r} is a NumPy array baked into the graph, so its "
+                f"terms cannot be evaluated on a subset: wrap it in pm.Data "
+                f"(e.g. y = pm.Data('{rv.name}_data', values); "
+                f"pm.Normal('{rv.name}', ..., observed=y))"
+            )
+
+    @staticmethod
+    def _lengths(model, per_obs, value_vars, point, compile_kwargs) -> list[int]:
+        fn = model.compile_fn(
+            [lp.shape[0] for lp in per_obs], inputs=value_vars, point_fn=False, **compile_kwargs
+        )
+        return [int(n) for n in fn(*[point[v.name] for v in value_vars])]
+
+    def _find_data(self, model, loglik, data, observed) -> list:
+        shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
+        if data is not None:
+            found = []
+            for d in data:
+                var = model[d] if isinstance(d, str) else d
+                if not isinstance(var, SharedVariable):
+                    raise ModelSplitError(
+                        f"data entry {d!r} is not a pm.Data variable; pass pm.Data variables "
+                        "or their names"
+                    )
+                if var not in shared:
+                    raise ModelSplitError(
+                        f"data entry {var.name!r} is not an input of the likelihood of "
+                        f"{', '.join(observed)}"
+                    )
+                if np.shape(var.get_value(borrow=True))[:1] != (self.n_obs,):
+                    raise ModelSplitError(
+                        f"data entry {var.name!r} has shape {np.shape(var.get_value())}; "
+                        f"its first dimension must index the {self.n_obs} observations"
+                    )
+                found.append(var)
+            return found
+        found = [
+            v
+            for v in shared
+            if np.ndim(v.get_value(borrow=True)) >= 1
+            and np.shape(v.get_value(borrow=True))[0] == self.n_obs
+        ]
+        if not found:
+            raise ModelSplitError(
+                f"no pm.Data input with {self.n_obs} rows was found in the likelihood of "
+                f"{', '.join(observed)}: wrap the observed values (and per-observation "
+                "covariates) in pm.Data, or pass data=[...]"
+            )
+        return found
+
+    def _reject_numpy_inputs(self, loglik, observed) -> None:
+        for v in graph_inputs([loglik]):
+            if (
+                isinstance(v, Constant)
+                and np.ndim(v.data) >= 1
+                and np.shape(v.data)[0] == self.n_obs
+                and self.n_obs > 1
+            ):
+                raise ModelSplitError(
+                    f"a NumPy array with {self.n_obs} rows (shape {np.shape(v.data)}) is baked "
+                    f"into the likelihood of {', '.join(observed)}, e.g. covariates passed as "
+                    "a NumPy array: wrap it in pm.Data so that it can be indexed by observation"
+                )
+
+    def _check_subset(self, point, names) -> None:
+        rng = np.random.default_rng(0)
+        idx = np.sort(rng.choice(self.n_obs, size=min(self.n_obs, 7), replace=False))
+        cands = [np.asarray(point[v.name])[None] for v in self.vars]
+        try:
+            sub = self.subset(cands, idx, point)
+            full = self.full(cands, point)[:, idx]
+            ok = sub.shape == full.shape and np.allclose(
+                sub, full, rtol=1e-7, atol=1e-10, equal_nan=True
+            )
+        except Exception as err:  # the subset graph could not even run
+            ok = False
+            cause = f" (evaluating it failed: {type(err).__name__}: {err})"
+        else:
+            cause = ""
+        if ok:
+            return
+        latent = [
+            n
+            for n in self._input_names
+            if np.ndim(point[n]) >= 1 and np.shape(point[n])[0] == self.n_obs
+        ]
+        if latent:
+            raise ModelSplitError(
+                f"the likelihood of {', '.join(self.observed)} depends on per-observation "
+                f"latent variable(s) {latent}: their terms are not functions of {names} and the "
+                "data alone. Subsampling does not apply; marginalize them or use exact steps"
+                + cause
+            )
+        raise ModelSplitError(
+            f"the likelihood terms of {', '.join(self.observed)} evaluated on a subset of "
+            "observations differ from the full terms: they are not separable by observation "
+            "(e.g. a time-series likelihood that couples neighbouring observations) or a "
+            "per-observation input is not indexed. Indexed inputs: "
+            f"{[d.name for d in self.data]}; pass data=[...] listing every per-observation "
+            "pm.Data input, or use an exact step" + cause
+        )
+
+    # -- evaluation -------------------------------------------------------------
+
+    def _others(self, point) -> list:
+        return [point[n] for n in self._input_names]
+
+    def subset(self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict) -> np.ndarray:
+        r"""Terms :math:`\log f_n(\theta_k)` on observations ``idx``.
+
+        Parameters
+        ----------
+        candidates : sequence of numpy.ndarray
+            One array per block variable, shape ``(K, *var.shape)``.
+        idx : numpy.ndarray
+            int64 observation indices.
+        point : dict
+            Values of the other value variables.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(K, len(idx))``.
+        """
+        return self._subset_fn(*candidates, np.asarray(idx, dtype=np.int64), *self._others(point))
+
+    def full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+        r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
+        return self._full_fn(*candidates, *self._others(point))
+
+    def exact(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+        r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""
+        return np.asarray(self._exact_fn(*candidates, *self._others(point)), dtype=np.float64)
+
+    def terms(self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict) -> np.ndarray:
+        """Like :meth:`subset`, through the full function when ``idx`` covers a third of N.
+
+        Gathering most rows costs more than evaluating all of them
+        (``PYMC_NOTES.md``).
+        """
+        if 3 * len(idx) >= self.n_obs:
+            return self.full(candidates, point)[:, idx]
+        return self.subset(candidates, idx, point)
