@@ -196,8 +196,10 @@ def test_rare_event_rewards_need_the_range():
     evals = []
     for seed in range(trials):
         table = rare_event_population(20_000, 20, 1.0, rng=seed)
-        default = race(table_rewards(table), 2, 20_000, delta=delta, rng=seed)
-        floored = race(table_rewards(table), 2, 20_000, delta=delta, rng=seed, reward_range=1.0)
+        default = race(table_rewards(table), 2, 20_000, delta=delta, rng=seed + 10**6)
+        floored = race(
+            table_rewards(table), 2, 20_000, delta=delta, rng=seed + 10**6, reward_range=1.0
+        )
         wrong_default += default.winner != 0
         wrong_floored += floored.winner != 0
         evals.append(floored.n_evaluations)
@@ -318,3 +320,20 @@ def test_bad_sizes_and_callbacks_raise():
         sample_categorical(np.array([0.0, np.nan]), table_rewards(table), 10)
     with pytest.raises(ValueError, match="delta"):
         sample_categorical(np.zeros(2), table_rewards(table), 10, delta=2)
+
+
+def test_random_positions_and_skip_taken():
+    from pymc_subsample.racing.schedule import random_positions, skip_taken
+
+    rng = np.random.default_rng(15)
+    for n, k in [(10, 3), (10, 9), (1000, 999), (50, 25), (7, 7)]:
+        counts = np.zeros(n)
+        for _ in range(400):
+            pos = random_positions(n, k, rng)
+            assert len(pos) == k and len(np.unique(pos)) == k and pos.min() >= 0 and pos.max() < n
+            counts[pos] += 1
+        if k < n:
+            assert stats.chisquare(counts).pvalue > 1e-4
+    taken = np.array([0, 3, 4, 9])
+    free = np.setdiff1d(np.arange(12), taken)
+    assert np.array_equal(skip_taken(np.arange(len(free)), taken), free)

@@ -10,10 +10,10 @@ from .bounds import (
     rare_event_floor,
     union_threshold,
 )
-from .gumbel import gumbel_rewards, sample_categorical
+from .gumbel import sample_categorical
 from .lilucb import lil_ucb
 from .race import BOUNDS, VARIANCES, RaceResult, race
-from .schedule import IndexStream, doubling_schedule
+from .schedule import IndexStream, doubling_schedule, random_positions, skip_taken
 
 __all__ = [
     "BOUNDS",
@@ -22,12 +22,13 @@ __all__ = [
     "RaceResult",
     "doubling_schedule",
     "ebs_width",
-    "gumbel_rewards",
     "lil_ucb",
     "normal_threshold",
     "normal_width",
     "race",
+    "random_positions",
     "rare_event_floor",
     "sample_categorical",
+    "skip_taken",
     "union_threshold",
 ]

@@ -21,36 +21,7 @@ import numpy as np
 
 from .race import RaceResult, RewardFn, race, validate_race_args
 
-__all__ = ["gumbel_rewards", "sample_categorical"]
-
-
-def gumbel_rewards(log_f0: np.ndarray, noise: np.ndarray, n_obs, rewards: RewardFn) -> RewardFn:
-    r"""Wrap per-observation terms :math:`\log f_n` into Gumbel-max rewards.
-
-    Parameters
-    ----------
-    log_f0 : numpy.ndarray
-        :math:`\log f_0(i)` for the arms, length :math:`D`.
-    noise : numpy.ndarray
-        :math:`\varepsilon_i`, length :math:`D`.
-    n_obs : int or numpy.ndarray
-        :math:`N` (or :math:`N_i` per arm).
-    rewards : callable
-        ``rewards(arms, idx)`` returning :math:`\log f_n(i)`.
-
-    Returns
-    -------
-    callable
-        ``(arms, idx) -> l[arms][:, idx]`` with
-        :math:`l_{i,n} = \log f_n(i) + (\log f_0(i) + \varepsilon_i)/N_i`.
-    """
-    shift = (log_f0 + noise) / np.asarray(n_obs, dtype=float)
-    shift = np.broadcast_to(shift, np.shape(log_f0))
-
-    def gumbel(arms: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        return np.asarray(rewards(arms, idx), dtype=np.float64) + shift[arms][:, None]
-
-    return gumbel
+__all__ = ["sample_categorical"]
 
 
 def sample_categorical(
@@ -65,6 +36,7 @@ def sample_categorical(
     rng: np.random.Generator | int | None = None,
     reward_range: float | None = None,
     noise: np.ndarray | None = None,
+    exact_after: int | None = None,
 ) -> tuple[int, RaceResult]:
     r"""Draw :math:`X \sim p(X=i) \propto f_0(i) \prod_n f_n(i)` by racing.
 
@@ -94,6 +66,8 @@ def sample_categorical(
     noise : numpy.ndarray, optional
         Gumbel noise to use instead of drawing it (for audits that replay a
         decision exactly).
+    exact_after : int, optional
+        See :func:`~pymc_subsample.racing.race`.
 
     Returns
     -------
@@ -115,13 +89,15 @@ def sample_categorical(
     if len(feasible) == 0:
         raise ValueError("log_f0 is -inf for every candidate: the target is zero everywhere")
     sizes = np.broadcast_to(np.asarray(n_obs), log_f0.shape)
-    sub_rewards = gumbel_rewards(
-        log_f0[feasible],
-        noise[feasible],
-        sizes[feasible],
-        lambda arms, idx: rewards(feasible[arms], idx),
-    )
+    offsets = (log_f0[feasible] + noise[feasible]) / sizes[feasible]
     sub_sizes = n_obs if np.ndim(n_obs) == 0 else sizes[feasible]
+    if len(feasible) == len(log_f0):
+        sub_rewards = rewards
+    else:
+
+        def sub_rewards(arms, idx):
+            return rewards(feasible[arms], idx)
+
     result = race(
         sub_rewards,
         len(feasible),
@@ -132,6 +108,8 @@ def sample_categorical(
         variance=variance,
         rng=rng,
         reward_range=reward_range,
+        offsets=offsets,
+        exact_after=exact_after,
     )
     value = int(feasible[result.winner])
     return value, RaceResult(

@@ -37,6 +37,7 @@ def lil_ucb(
     rng: np.random.Generator | None = None,
     reward_range: float | None = None,
     block_fraction: float = 0.125,
+    offsets: np.ndarray | None = None,
 ) -> RaceResult:
     r"""Adapted lil'UCB on arms with a common population of size ``n_obs``.
 
@@ -65,12 +66,15 @@ def lil_ucb(
         of all rewards seen so far is used (not a guarantee on rare events).
     block_fraction : float
         :math:`f` above; ``0`` pulls one reward at a time.
+    offsets : numpy.ndarray, optional
+        Constant added to each arm's rewards (see :func:`~pymc_subsample.racing.race`).
 
     Returns
     -------
     RaceResult
     """
     rng = np.random.default_rng(rng)
+    offsets = np.zeros(n_arms) if offsets is None else offsets
     lam = 1.0 + 10.0 / n_arms
     delta_l = delta / 5.0
     streams = [IndexStream(n_obs, rng) for _ in range(n_arms)]
@@ -107,7 +111,7 @@ def lil_ucb(
         if live.sum() == 1:
             winner = int(np.flatnonzero(live)[0])
             break
-        mean = np.where(live, total / np.maximum(pulls, 1), -np.inf)
+        mean = np.where(live, total / np.maximum(pulls, 1) + offsets, -np.inf)
         if reward_range is None:
             c = float(np.max(hi[live] - lo[live]))
         else:

@@ -191,6 +191,8 @@ def race(
     rng: np.random.Generator | int | None = None,
     reward_range: float | None = None,
     schedule: Sequence[int] | None = None,
+    offsets: np.ndarray | None = None,
+    exact_after: int | None = None,
 ) -> RaceResult:
     r"""Identify the arm of highest total reward, with error at most ``delta``.
 
@@ -254,6 +256,16 @@ def race(
     schedule : sequence of int, optional
         Increasing cumulative sample sizes to use instead of doubling;
         ``n_obs`` is appended if missing. Bounds are computed for this schedule.
+    offsets : array_like, optional
+        A constant per arm added to every one of its rewards (the race then
+        compares :math:`\mu_i + o_i`) without being added to each reward; the
+        Gumbel-max sampler passes :math:`(\log f_0(i) + \varepsilon_i)/N` here.
+    exact_after : int, optional
+        Largest cumulative sample size drawn as a subset: the look after it is
+        at :math:`N` (all remaining observations at once, an exact decision
+        among the survivors). Useful when evaluating everything in one call is
+        much cheaper per reward than gathering a large subset. The bounds are
+        computed for the truncated schedule.
 
     Returns
     -------
@@ -269,6 +281,9 @@ def race(
     """
     delta = validate_race_args(delta, bound, batch_size, variance, n_arms)
     rng = np.random.default_rng(rng)
+    offsets = np.zeros(int(n_arms)) if offsets is None else np.asarray(offsets, dtype=float)
+    if offsets.shape != (int(n_arms),) or not np.isfinite(offsets).all():
+        raise ValueError(f"offsets must be {n_arms} finite numbers, got {offsets!r}")
     sizes = np.atleast_1d(np.asarray(n_obs))
     if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
         raise ValueError(f"n_obs must be a positive integer or one per arm, got {n_obs!r}")
@@ -279,12 +294,20 @@ def race(
             raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")
         if not (sizes == sizes[0]).all():
             return _race_independent(
-                rewards, sizes, delta, bound, int(batch_size), variance, rng, reward_range
+                rewards,
+                sizes,
+                delta,
+                bound,
+                int(batch_size),
+                variance,
+                rng,
+                reward_range,
+                offsets,
             )
     big_n = int(sizes[0])
     arms = np.arange(int(n_arms))
     if bound == "exact":
-        totals = exact_totals(rewards, arms, big_n)
+        totals = exact_totals(rewards, arms, big_n) + big_n * offsets
         return RaceResult(_argmax_or_raise(totals), big_n * len(arms), 1, True, big_n)
     if bound == "lilucb":
         from .lilucb import lil_ucb
@@ -297,18 +320,24 @@ def race(
             batch_size=int(batch_size),
             rng=rng,
             reward_range=reward_range,
+            offsets=offsets,
         )
-    looks = _make_schedule(big_n, int(batch_size), schedule)
-    return _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range)
+    looks = _make_schedule(big_n, int(batch_size), schedule, exact_after)
+    return _race_shared(
+        rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets
+    )
 
 
-def _make_schedule(n_obs: int, batch_size: int, schedule) -> np.ndarray:
+def _make_schedule(n_obs: int, batch_size: int, schedule, exact_after) -> np.ndarray:
     if schedule is None:
-        return doubling_schedule(n_obs, batch_size)
-    looks = np.asarray(schedule, dtype=np.int64)
+        looks = doubling_schedule(n_obs, batch_size)
+    else:
+        looks = np.asarray(schedule, dtype=np.int64)
+        if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
+            raise ValueError("schedule must be increasing cumulative sizes starting at >= 2")
     looks = looks[looks < n_obs]
-    if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
-        raise ValueError("schedule must be increasing cumulative sizes starting at >= 2")
+    if exact_after is not None:
+        looks = looks[looks <= max(int(exact_after), 0)]
     return np.append(looks, n_obs)
 
 
@@ -342,7 +371,7 @@ class _Stats:
         self.m2 = self.m2[np.ix_(rows, rows)] if self.pairwise else self.m2[rows]
 
 
-def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range):
+def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets):
     """Alg. 1 of seed 000 with indices shared by all surviving arms."""
     pairwise = variance == "pairwise" and len(arms) > 1
     n_comp = max(len(arms) - 1, 1) if pairwise else len(arms)
@@ -368,13 +397,19 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
         if not math.isfinite(batch.sum()):  # some arm has a -inf term: it can never win
             rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
             if len(rows) == 0:
-                return _rescue(rewards, arms, alive, big_n, n_evals, n_rounds)
+                return _rescue(rewards, arms, alive, big_n, n_evals, n_rounds, offsets)
             alive, batch = alive[rows], batch[rows]
             stats.keep(rows)
+        if size >= big_n:  # exact look: only the means matter
+            score = (stats.mean * stats.n + np.add.reduce(batch, axis=1)) / big_n
+            return RaceResult(
+                int(alive[int((score + offsets[alive]).argmax())]), n_evals, n_rounds, True, big_n
+            )
         stats.update(batch)
-        if size >= big_n or len(alive) == 1:
+        if len(alive) == 1:
             break
-        lead = int(stats.mean.argmax())
+        score = stats.mean + offsets[alive]
+        lead = int(score.argmax())
         if pairwise:
             m2 = stats.m2
             var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) * (1.0 / size)
@@ -394,9 +429,9 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
                 c = c_user
             width = ebs_width(delta_look, sigma, size, big_n, c)
         if pairwise:
-            keep = stats.mean[lead] - stats.mean <= width
+            keep = score[lead] - score <= width
         else:
-            keep = stats.mean[lead] - width[lead] <= stats.mean + width
+            keep = score[lead] - width[lead] <= score + width
         keep[lead] = True
         if not keep.all():
             rows = np.flatnonzero(keep)
@@ -404,21 +439,23 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
             stats.keep(rows)
             if len(alive) == 1:
                 break
-    winner = int(alive[int(stats.mean.argmax())])
+    winner = int(alive[int((stats.mean + offsets[alive]).argmax())])
     return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
 
 
-def _rescue(rewards, arms, alive, big_n, n_evals, n_rounds):
+def _rescue(rewards, arms, alive, big_n, n_evals, n_rounds, offsets):
     """All survivors hit −inf: the best arm was dropped earlier; decide exactly."""
     others = np.setdiff1d(arms, alive)
     if len(others) == 0:
         _argmax_or_raise(np.full(1, -np.inf))
-    totals = exact_totals(rewards, others, big_n)
+    totals = exact_totals(rewards, others, big_n) + big_n * offsets[others]
     winner = int(others[_argmax_or_raise(totals)])
     return RaceResult(winner, n_evals + big_n * len(others), n_rounds + 1, True, big_n)
 
 
-def _race_independent(rewards, sizes, delta, bound, batch_size, variance, rng, reward_range):
+def _race_independent(
+    rewards, sizes, delta, bound, batch_size, variance, rng, reward_range, offsets
+):
     """Race arms with their own populations of sizes ``N_i``, compared on totals."""
     if variance != "marginal":
         raise ValueError(
@@ -428,8 +465,11 @@ def _race_independent(rewards, sizes, delta, bound, batch_size, variance, rng, r
         raise ValueError("bound='lilucb' needs a common population size; use 'normal' or 'ebs'")
     n_arms = len(sizes)
     if bound == "exact":
-        totals = np.array(
-            [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in range(n_arms)]
+        totals = (
+            np.array(
+                [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in range(n_arms)]
+            )
+            + sizes * offsets
         )
         return RaceResult(_argmax_or_raise(totals), int(sizes.sum()), 1, True, int(sizes.max()))
     delta_arm = delta / n_arms
@@ -476,7 +516,7 @@ def _race_independent(rewards, sizes, delta, bound, batch_size, variance, rng, r
         else:
             n_looks = np.array([max(len(lk) - 1, 1) for lk in looks])
             width = ebs_width(delta_arm / n_looks, sigma, np.maximum(drawn, 1), sizes, c)
-        total = np.where(alive, sizes * mean, -np.inf)
+        total = np.where(alive, sizes * (mean + offsets), -np.inf)
         half = sizes * width
         lead = int(np.argmax(total))
         drop = alive & (total[lead] - half[lead] > total + half)
@@ -484,6 +524,6 @@ def _race_independent(rewards, sizes, delta, bound, batch_size, variance, rng, r
         alive &= ~drop
         if alive.sum() == 1 or (drawn[alive] >= sizes[alive]).all():
             break
-    total = np.where(alive, sizes * mean, -np.inf)
+    total = np.where(alive, sizes * (mean + offsets), -np.inf)
     winner = _argmax_or_raise(total)
     return RaceResult(winner, n_evals, n_rounds, bool((drawn >= sizes).any()), int(drawn.max()))

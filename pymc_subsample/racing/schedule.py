@@ -9,7 +9,66 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["IndexStream", "doubling_schedule"]
+__all__ = ["IndexStream", "doubling_schedule", "random_positions", "skip_taken"]
+
+
+def random_positions(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    r"""Draw a uniformly random ``k``-subset of ``range(n)``, sorted.
+
+    For ``k <= n/2``: the distinct values among ``k`` i.i.d. uniform draws are
+    a uniformly random subset (given its size); the missing ones are drawn the
+    same way from the values not yet taken (:func:`skip_taken`). Cost
+    :math:`O(k \log k)`. For ``k > n/2`` the ``n - k`` left out are drawn
+    instead (cost :math:`O(n)`). Never shuffles all ``n``.
+
+    Parameters
+    ----------
+    n, k : int
+        Population and subset sizes.
+    rng : numpy.random.Generator
+        Source of randomness.
+
+    Returns
+    -------
+    numpy.ndarray
+        Sorted int64 values.
+    """
+    if 2 * k > n:
+        keep = np.ones(n, dtype=bool)
+        keep[random_positions(n, n - k, rng)] = False
+        return np.flatnonzero(keep)
+    out = (rng.random(k) * n).astype(np.int64)
+    srt = np.sort(out)
+    dup = srt[1:] == srt[:-1]
+    if not dup.any():
+        return srt
+    uniq = srt[np.concatenate([[True], ~dup])]
+    more = random_positions(n - len(uniq), k - len(uniq), rng)
+    return np.sort(np.concatenate([uniq, skip_taken(more, uniq)]), kind="stable")
+
+
+def skip_taken(positions: np.ndarray, taken_sorted: np.ndarray) -> np.ndarray:
+    """Map positions in the complement of ``taken_sorted`` to values.
+
+    The ``p``-th smallest value not in ``taken_sorted`` is
+    ``p + #{j : taken_sorted[j] - j <= p}``.
+
+    Parameters
+    ----------
+    positions : numpy.ndarray
+        Positions ``p`` in ``range(n - len(taken_sorted))``.
+    taken_sorted : numpy.ndarray
+        Sorted distinct values already taken.
+
+    Returns
+    -------
+    numpy.ndarray
+        The values, none of them in ``taken_sorted``.
+    """
+    if len(taken_sorted) == 0:
+        return positions
+    gaps = taken_sorted - np.arange(len(taken_sorted))
+    return positions + np.searchsorted(gaps, positions, side="right")
 
 
 def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
@@ -44,7 +103,8 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
 class IndexStream:
     r"""Uniformly random indices of ``range(n)`` drawn without replacement, in batches.
 
-    Each batch is a uniformly random subset of the indices not drawn before, so
+    Each batch is a uniformly random subset of the indices not drawn before,
+    returned sorted (sorted indices make gathers of data rows cache-friendly), so
     the first ``k`` indices drawn are a uniformly random ``k``-subset. While
     fewer than half of the population has been drawn, new indices are found by
     rejection against the drawn ones,
@@ -92,7 +152,7 @@ class IndexStream:
         Returns
         -------
         numpy.ndarray
-            int64 array of length ``k``.
+            Sorted int64 array of length ``k``.
         """
         k = int(k)
         remaining = self.n - self.n_drawn
@@ -104,42 +164,17 @@ class IndexStream:
             mask = np.ones(self.n, dtype=bool)
             mask[self.drawn] = False
             self._rest = np.flatnonzero(mask)
-            self.rng.shuffle(self._rest)
         if self._rest is not None:
-            new, self._rest = self._rest[:k], self._rest[k:]
+            rest = self._rest
+            if k == len(rest):
+                new, self._rest = rest, rest[:0]
+            else:
+                chosen = np.zeros(len(rest), dtype=bool)
+                chosen[random_positions(len(rest), k, self.rng)] = True
+                new, self._rest = rest[chosen], rest[~chosen]
         else:
-            new = self._rejection(k)
-            self._sorted = np.sort(np.concatenate([self._sorted, new]))
+            new = skip_taken(random_positions(remaining, k, self.rng), self._sorted)
+            self._sorted = np.sort(np.concatenate([self._sorted, new]), kind="stable")
         self._chunks.append(new)
         self.n_drawn += k
         return new
-
-    def _rejection(self, k: int) -> np.ndarray:
-        """Draw ``k`` fresh indices by rejection (drawn fraction stays below 1/2).
-
-        The distinct fresh values among i.i.d. uniform candidates form a uniformly
-        random subset of the undrawn indices (given its size), and a uniformly
-        random ``k``-subset of it is then a uniformly random ``k``-subset of the
-        undrawn indices.
-        """
-        taken = self._sorted
-        out: list[np.ndarray] = []
-        need = k
-        while need > 0:
-            size = int(need * 1.25 / (1.0 - len(taken) / self.n)) + 4
-            cand = np.sort((self.rng.random(size) * self.n).astype(np.int64))
-            fresh = np.empty(len(cand), dtype=bool)
-            fresh[0] = True
-            np.not_equal(cand[1:], cand[:-1], out=fresh[1:])
-            if len(taken):
-                pos = taken.searchsorted(cand)
-                np.minimum(pos, len(taken) - 1, out=pos)
-                fresh &= taken[pos] != cand
-            cand = cand[fresh]
-            if len(cand) > need:
-                cand = cand[self.rng.permutation(len(cand))[:need]]
-            out.append(cand)
-            need -= len(cand)
-            if need > 0:
-                taken = np.sort(np.concatenate([taken, cand]))
-        return out[0] if len(out) == 1 else np.concatenate(out)
