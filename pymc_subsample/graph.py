@@ -17,6 +17,8 @@ parameters depend on it). :class:`ObservationTerms` compiles
   ``D[idx]``, so the cost grows with ``len(idx)``, not with :math:`N`
   (``PYMC_NOTES.md``);
 * ``full``: the same on all :math:`N` observations, shape ``(K, N)``;
+* ``totals``: :math:`\sum_n \log f_n(\theta_k)`, shape ``(K,)``, summed inside
+  the compiled graph (one fused pass over the data, no ``(K, N)`` array);
 * ``exact``: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
 
 All three take the other value variables from a point dictionary.
@@ -159,7 +161,9 @@ class ObservationTerms:
             for v in self.vars
         ]
         batch = dict(zip(self.vars, self._cands, strict=True))
-        outs = [vectorize_graph(g, replace=batch) for g in (subset, loglik, log_f0)]
+        outs = [
+            vectorize_graph(g, replace=batch) for g in (subset, loglik, log_f0, loglik.sum())
+        ]
         used = set()
         for g in outs:
             used |= set(graph_inputs([g]))
@@ -173,6 +177,9 @@ class ObservationTerms:
         )
         self._exact_fn = model.compile_fn(
             outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
+        )
+        self._totals_fn = model.compile_fn(
+            outs[3], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
         self._check_subset(point, names)
 
@@ -312,6 +319,10 @@ class ObservationTerms:
     def full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         return self._full_fn(*candidates, *self._others(point))
+
+    def totals(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+        r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
+        return np.asarray(self._totals_fn(*candidates, *self._others(point)), dtype=np.float64)
 
     def exact(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""

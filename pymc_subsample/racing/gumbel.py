@@ -37,6 +37,7 @@ def sample_categorical(
     reward_range: float | None = None,
     noise: np.ndarray | None = None,
     exact_after: int | None = None,
+    totals=None,
 ) -> tuple[int, RaceResult]:
     r"""Draw :math:`X \sim p(X=i) \propto f_0(i) \prod_n f_n(i)` by racing.
 
@@ -68,6 +69,9 @@ def sample_categorical(
         decision exactly).
     exact_after : int, optional
         See :func:`~pymc_subsample.racing.race`.
+    totals : callable, optional
+        ``totals(arms)`` returning :math:`\sum_n \log f_n(i)` (see
+        :func:`~pymc_subsample.racing.race`).
 
     Returns
     -------
@@ -92,11 +96,13 @@ def sample_categorical(
     offsets = (log_f0[feasible] + noise[feasible]) / sizes[feasible]
     sub_sizes = n_obs if np.ndim(n_obs) == 0 else sizes[feasible]
     if len(feasible) == len(log_f0):
-        sub_rewards = rewards
+        sub_rewards, sub_totals = rewards, totals
     else:
 
         def sub_rewards(arms, idx):
             return rewards(feasible[arms], idx)
+
+        sub_totals = None if totals is None else (lambda arms: totals(feasible[arms]))
 
     result = race(
         sub_rewards,
@@ -110,6 +116,7 @@ def sample_categorical(
         reward_range=reward_range,
         offsets=offsets,
         exact_after=exact_after,
+        totals=sub_totals,
     )
     value = int(feasible[result.winner])
     return value, RaceResult(

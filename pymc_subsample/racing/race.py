@@ -193,6 +193,7 @@ def race(
     schedule: Sequence[int] | None = None,
     offsets: np.ndarray | None = None,
     exact_after: int | None = None,
+    totals: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> RaceResult:
     r"""Identify the arm of highest total reward, with error at most ``delta``.
 
@@ -266,6 +267,12 @@ def race(
         among the survivors). Useful when evaluating everything in one call is
         much cheaper per reward than gathering a large subset. The bounds are
         computed for the truncated schedule.
+    totals : callable, optional
+        ``totals(arms)`` returns :math:`\sum_{n=1}^N l_{i,n}` for ``i in arms``
+        in one call. When given, exact decisions (``bound="exact"``, the look
+        at :math:`N`) use it instead of gathering the remaining rewards; such a
+        look then counts :math:`N` evaluations per surviving arm, the
+        observations drawn before included.
 
     Returns
     -------
@@ -307,8 +314,8 @@ def race(
     big_n = int(sizes[0])
     arms = np.arange(int(n_arms))
     if bound == "exact":
-        totals = exact_totals(rewards, arms, big_n) + big_n * offsets
-        return RaceResult(_argmax_or_raise(totals), big_n * len(arms), 1, True, big_n)
+        sums = _totals(rewards, totals, arms, big_n) + big_n * offsets
+        return RaceResult(_argmax_or_raise(sums), big_n * len(arms), 1, True, big_n)
     if bound == "lilucb":
         from .lilucb import lil_ucb
 
@@ -324,7 +331,7 @@ def race(
         )
     looks = _make_schedule(big_n, int(batch_size), schedule, exact_after)
     return _race_shared(
-        rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets
+        rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets, totals
     )
 
 
@@ -371,7 +378,21 @@ class _Stats:
         self.m2 = self.m2[np.ix_(rows, rows)] if self.pairwise else self.m2[rows]
 
 
-def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets):
+def _totals(rewards, totals, arms, big_n) -> np.ndarray:
+    """Exact sums over all observations, through ``totals`` when given."""
+    if totals is None:
+        return exact_totals(rewards, arms, big_n)
+    out = np.asarray(totals(arms), dtype=np.float64)
+    if out.shape != (len(arms),):
+        raise ValueError(f"totals(arms) must return shape {(len(arms),)}, got {out.shape}")
+    if np.isnan(out).any() or np.isposinf(out).any():
+        raise ValueError("totals(arms) returned NaN or +inf")
+    return out
+
+
+def _race_shared(
+    rewards, arms, big_n, looks, delta, bound, variance, rng, reward_range, offsets, totals=None
+):
     """Alg. 1 of seed 000 with indices shared by all surviving arms."""
     pairwise = variance == "pairwise" and len(arms) > 1
     n_comp = max(len(arms) - 1, 1) if pairwise else len(arms)
@@ -390,6 +411,10 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
     n_evals = 0
     n_rounds = 0
     for size in looks:
+        if size >= big_n and totals is not None:  # exact look in one pass over all data
+            sums = _totals(rewards, totals, alive, big_n) + big_n * offsets[alive]
+            winner = int(alive[_argmax_or_raise(sums)])
+            return RaceResult(winner, n_evals + big_n * len(alive), n_rounds + 1, True, big_n)
         idx = stream.take(size - stream.n_drawn)
         batch = checked_rewards(rewards, alive, idx)
         n_evals += batch.size
@@ -397,7 +422,7 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
         if not math.isfinite(batch.sum()):  # some arm has a -inf term: it can never win
             rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
             if len(rows) == 0:
-                return _rescue(rewards, arms, alive, big_n, n_evals, n_rounds, offsets)
+                return _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets)
             alive, batch = alive[rows], batch[rows]
             stats.keep(rows)
         if size >= big_n:  # exact look: only the means matter
@@ -443,13 +468,13 @@ def _race_shared(rewards, arms, big_n, looks, delta, bound, variance, rng, rewar
     return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
 
 
-def _rescue(rewards, arms, alive, big_n, n_evals, n_rounds, offsets):
+def _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets):
     """All survivors hit −inf: the best arm was dropped earlier; decide exactly."""
     others = np.setdiff1d(arms, alive)
     if len(others) == 0:
         _argmax_or_raise(np.full(1, -np.inf))
-    totals = exact_totals(rewards, others, big_n) + big_n * offsets[others]
-    winner = int(others[_argmax_or_raise(totals)])
+    sums = _totals(rewards, totals, others, big_n) + big_n * offsets[others]
+    winner = int(others[_argmax_or_raise(sums)])
     return RaceResult(winner, n_evals + big_n * len(others), n_rounds + 1, True, big_n)
 
 
