@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
+from .cost import choose_exact_after, fit_round_cost, median_seconds
 from .graph import ObservationTerms
 from .racing import sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -76,13 +77,19 @@ class SubsampledCategoricalGibbs(RacingStep):
     reward_range : float, optional
         A bound on the range of :math:`\log f_n(i)` over observations, used by
         ``"ebs"`` and ``"lilucb"`` and as Racing-Normal's rare-event floor.
-    exact_fraction : float
+    exact_fraction : float or "auto"
         Once a race has drawn this fraction of the :math:`N` observations, its
-        next look evaluates the surviving candidates on all observations with
-        the full-data function (exact). One vectorized pass over all the data
-        costs much less per term than gathering a large subset, so this caps
-        the cost of a hard (diffuse) draw near that of an exact Gibbs draw.
-        1 races on the full doubling schedule.
+        next look evaluates the surviving candidates on all observations in
+        one fused pass (exact). That pass costs much less per term than
+        gathering a large subset, so stopping the race early caps the cost of a
+        hard (diffuse) draw near that of an exact Gibbs draw. ``1`` races on
+        the whole doubling schedule. ``"auto"`` times the model's subset and
+        full evaluations at construction and picks the largest look whose
+        predicted race cost stays within 30% of an exact decision
+        (:func:`~pymc_subsample.cost.choose_exact_after`); the result is kept
+        in ``exact_after``. Timings vary between constructions, so pass a
+        number when draws must be bitwise reproducible across separately
+        built steps (a step object reproduces its own runs either way).
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
 
@@ -116,7 +123,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         data=None,
         audit_every: int = 0,
         reward_range: float | None = None,
-        exact_fraction: float = 1.0 / 64,
+        exact_fraction: float | str = "auto",
         model=None,
         rng=None,
         initial_point=None,
@@ -134,11 +141,33 @@ class SubsampledCategoricalGibbs(RacingStep):
         )
         self.vars = self.terms.vars
         self.n_categories = [_n_categories(model, v, initial_point) for v in self.vars]
-        if not 0.0 < exact_fraction <= 1.0:
-            raise ValueError(f"exact_fraction must lie in (0, 1], got {exact_fraction!r}")
-        self.exact_after = int(np.ceil(exact_fraction * self.terms.n_obs))
+        if exact_fraction == "auto":
+            self.exact_after = self._calibrate(initial_point)
+        elif isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
+            self.exact_after = int(np.ceil(exact_fraction * self.terms.n_obs))
+        else:
+            raise ValueError(
+                f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
+            )
         self.blocked = blocked
         self.tune = False
+
+    def _calibrate(self, point) -> int:
+        """Time subset and exact evaluations at ``point``; return ``exact_after``."""
+        n_obs = self.terms.n_obs
+        if n_obs < 4 * self.batch_size:
+            return n_obs
+        n_cat = max(self.n_categories)
+        cands = [np.repeat(np.asarray(point[v.name])[None], n_cat, axis=0) for v in self.vars]
+        rng = np.random.default_rng(0)
+
+        def call_seconds(m):
+            idx = np.sort(rng.choice(n_obs, size=min(m, n_obs), replace=False))
+            return median_seconds(lambda: self.terms.subset(cands, idx, point))
+
+        exact = median_seconds(lambda: self.terms.totals(cands, point))
+        cost = fit_round_cost(call_seconds, n_cat, n_obs)
+        return choose_exact_after(n_obs, self.batch_size, cost, exact)
 
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""

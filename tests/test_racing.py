@@ -254,19 +254,20 @@ def test_normal_threshold_controls_the_crossing_probability():
     assert abs(crossed - delta) < 4 * np.sqrt(delta * (1 - delta) / reps), crossed
 
 
-def test_index_stream_is_uniform_without_replacement():
+@pytest.mark.parametrize("reuse", [False, True])
+def test_index_stream_is_uniform_without_replacement(reuse):
     rng = np.random.default_rng(14)
     n, k, reps = 100, 30, 3000
     counts = np.zeros(n)
     for _ in range(reps):
-        s = IndexStream(n, rng)
+        s = IndexStream(n, rng, reuse_stamps=reuse)
         first = s.take(10)
         second = s.take(k - 10)
         both = np.concatenate([first, second])
         assert len(np.unique(both)) == k
         counts[both] += 1
     assert stats.chisquare(counts).pvalue > 1e-3
-    s = IndexStream(1000, rng)
+    s = IndexStream(1000, rng, reuse_stamps=reuse)
     parts = [s.take(m) for m in (7, 100, 300, 593)]
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
     assert s.n_drawn == 1000

@@ -405,7 +405,7 @@ def _race_shared(
     c_user = None
     if reward_range is not None:
         c_user = 2.0 * reward_range if pairwise else float(reward_range)
-    stream = IndexStream(big_n, rng)
+    stream = IndexStream(big_n, rng, reuse_stamps=True)
     stats = _Stats(len(arms), pairwise)
     alive = arms
     n_evals = 0

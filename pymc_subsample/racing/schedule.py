@@ -7,6 +7,8 @@ the indices, without replacement, at a cost proportional to the batch.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 __all__ = ["IndexStream", "doubling_schedule", "random_positions", "skip_taken"]
@@ -100,18 +102,39 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
+#: Populations up to this size get a reusable per-thread stamp array (8 bytes each).
+STAMP_LIMIT = 1 << 22
+_local = threading.local()
+
+
+def _stamp_entry(n: int) -> list:
+    """Per-thread ``[stamps, next_token]`` for a population of size ``n``."""
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        pool = _local.pool = {}
+    entry = pool.get(n)
+    if entry is None:
+        if sum(len(e[0]) for e in pool.values()) + n > 2 * STAMP_LIMIT:
+            pool.clear()
+        entry = pool[n] = [np.zeros(n, dtype=np.int64), 1]
+    return entry
+
+
 class IndexStream:
     r"""Uniformly random indices of ``range(n)`` drawn without replacement, in batches.
 
-    Each batch is a uniformly random subset of the indices not drawn before,
-    returned sorted (sorted indices make gathers of data rows cache-friendly), so
+    Each batch is a uniformly random subset of the indices not drawn before
+    (sorted when large, which makes gathers of data rows cache-friendly), so
     the first ``k`` indices drawn are a uniformly random ``k``-subset. While
     fewer than half of the population has been drawn, new indices are found by
-    rejection against the drawn ones,
-    at a cost of :math:`O(T \log T)` for :math:`T` indices drawn so far; after
-    that the remaining indices are listed once and shuffled (cost :math:`O(N)`,
-    which is then proportional to the batch). A full permutation of ``range(n)``
-    is never built for a short race.
+    rejection against the drawn ones: with ``reuse_stamps`` and
+    :math:`N \le` :data:`STAMP_LIMIT` through a per-thread array of stamps
+    reused by every race (cost
+    :math:`O(k)` for :math:`k` new indices, whatever was drawn before),
+    otherwise through a sorted list of the drawn ones (cost
+    :math:`O(T \log T)`); after that the remaining indices are listed once
+    (cost :math:`O(N)`, then proportional to the batch). A full permutation of
+    ``range(n)`` is never built.
 
     Parameters
     ----------
@@ -119,6 +142,10 @@ class IndexStream:
         Population size.
     rng : numpy.random.Generator
         Source of randomness.
+    reuse_stamps : bool
+        Use the per-thread stamp array for this population size. At most one
+        such stream per size may be drawing at a time in a thread (a race owns
+        one); streams that live side by side (one per arm) must pass False.
 
     Attributes
     ----------
@@ -126,13 +153,17 @@ class IndexStream:
         Number of indices drawn so far.
     """
 
-    def __init__(self, n: int, rng: np.random.Generator):
+    def __init__(self, n: int, rng: np.random.Generator, reuse_stamps: bool = False):
         self.n = int(n)
         self.rng = rng
         self.n_drawn = 0
         self._chunks: list[np.ndarray] = []
         self._sorted = np.empty(0, dtype=np.int64)
         self._rest: np.ndarray | None = None
+        use = reuse_stamps and self.n <= STAMP_LIMIT
+        self._entry = _stamp_entry(self.n) if use else None
+        if self._entry is not None:
+            self._start = self._entry[1]  # stamps below this belong to earlier streams
 
     @property
     def drawn(self) -> np.ndarray:
@@ -140,6 +171,37 @@ class IndexStream:
         if len(self._chunks) != 1:
             self._chunks = [np.concatenate(self._chunks or [np.empty(0, dtype=np.int64)])]
         return self._chunks[0]
+
+    def _stamped(self, k: int) -> np.ndarray:
+        """Draw ``k`` fresh indices by rejection against this stream's stamps.
+
+        Each candidate gets a unique token; after writing the tokens, exactly
+        one candidate per distinct value still reads its own token, so the
+        survivors are the distinct fresh values, in a uniformly random order.
+        """
+        entry = self._entry
+        stamps = entry[0]
+        out: list[np.ndarray] = []
+        need = k
+        drawn = self.n_drawn
+        while need > 0:
+            size = int(need * 1.1 / (1.0 - drawn / self.n)) + 8
+            cand = (self.rng.random(size) * self.n).astype(np.int64)
+            cand = cand[stamps[cand] < self._start]
+            tokens = np.arange(entry[1], entry[1] + len(cand))
+            entry[1] += len(cand)
+            stamps[cand] = tokens
+            cand = cand[stamps[cand] == tokens]
+            if len(cand) > need:
+                stamps[cand[need:]] = 0  # give back the extra ones
+                cand = cand[:need]
+            out.append(cand)
+            need -= len(cand)
+            drawn += len(cand)
+        new = out[0] if len(out) == 1 else np.concatenate(out)
+        if k > 512:
+            new.sort()
+        return new
 
     def take(self, k: int) -> np.ndarray:
         """Draw ``k`` new indices, distinct from all earlier ones.
@@ -152,7 +214,7 @@ class IndexStream:
         Returns
         -------
         numpy.ndarray
-            Sorted int64 array of length ``k``.
+            int64 array of length ``k`` (sorted when ``k > 512``).
         """
         k = int(k)
         remaining = self.n - self.n_drawn
@@ -172,6 +234,8 @@ class IndexStream:
                 chosen = np.zeros(len(rest), dtype=bool)
                 chosen[random_positions(len(rest), k, self.rng)] = True
                 new, self._rest = rest[chosen], rest[~chosen]
+        elif self._entry is not None:
+            new = self._stamped(k)
         else:
             new = skip_taken(random_positions(remaining, k, self.rng), self._sorted)
             self._sorted = np.sort(np.concatenate([self._sorted, new]), kind="stable")

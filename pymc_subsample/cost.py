@@ -1,0 +1,131 @@
+r"""When racing stops paying: choosing the look after which a race goes exact.
+
+A race round on :math:`m` new observations for :math:`S` surviving arms costs
+a call of the subset function plus the race's bookkeeping, roughly
+:math:`a + b\,S m` seconds; deciding exactly costs one fused pass over all
+:math:`N` observations, :math:`t_\text{exact}`. For cheap per-observation terms
+the fused pass is so much faster per term than gathering a subset that a long
+race costs more than the exact answer. :func:`choose_exact_after` picks the
+largest look of the schedule whose cumulative predicted race cost stays within
+``budget`` times :math:`t_\text{exact}`; the race then evaluates all :math:`N`
+observations at its next look (:func:`~pymc_subsample.racing.race`,
+``exact_after``). A hard draw thus costs at most about
+:math:`(1 + \text{budget})\, t_\text{exact}`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .racing.race import race
+from .racing.schedule import doubling_schedule
+
+__all__ = ["choose_exact_after", "fit_round_cost", "median_seconds"]
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls, after one warm-up call.
+
+    Parameters
+    ----------
+    fn : callable
+        Function of no argument.
+    repeats : int
+        Number of timed calls.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _bookkeeping_seconds(n_arms: int, m: int) -> float:
+    """Race bookkeeping per round on ``m`` new observations, rewards excluded."""
+    looks = 4
+    zeros = np.zeros((n_arms, m))
+    n_obs = m * (looks + 1)
+    schedule = [m * (k + 1) for k in range(looks)]
+
+    def rewards(arms, idx):
+        return zeros[: len(arms), : len(idx)]
+
+    def run():
+        race(rewards, n_arms, n_obs, schedule=schedule, rng=0)
+
+    return median_seconds(run, repeats=3) / (looks + 1)
+
+
+def fit_round_cost(call_seconds: Callable[[int], float], n_arms: int, n_obs: int):
+    r"""Fit the cost :math:`a + b\,m` of a race round on ``m`` new observations.
+
+    Parameters
+    ----------
+    call_seconds : callable
+        ``call_seconds(m)``: time of one subset evaluation of ``n_arms`` arms
+        on ``m`` observations.
+    n_arms, n_obs : int
+        :math:`D` and :math:`N`.
+
+    Returns
+    -------
+    tuple of float
+        ``(a, b)`` in seconds and seconds per observation (all arms).
+    """
+    small, large = 64, int(min(max(n_obs // 8, 128), 8192))
+    costs = [call_seconds(m) + _bookkeeping_seconds(n_arms, m) for m in (small, large)]
+    b = max((costs[1] - costs[0]) / (large - small), 0.0)
+    a = max(costs[0] - b * small, 0.0)
+    return a, b
+
+
+def choose_exact_after(
+    n_obs: int,
+    batch_size: int,
+    round_cost: tuple[float, float],
+    exact_seconds: float,
+    budget: float = 0.3,
+) -> int:
+    """Largest look whose cumulative predicted race cost is within ``budget`` of exact.
+
+    Parameters
+    ----------
+    n_obs : int
+        :math:`N`.
+    batch_size : int
+        First mini-batch size of the doubling schedule.
+    round_cost : tuple of float
+        ``(a, b)`` from :func:`fit_round_cost` (all arms alive: an upper bound).
+    exact_seconds : float
+        Time of one exact decision (all arms, all observations).
+    budget : float
+        Allowed race cost as a fraction of ``exact_seconds``.
+
+    Returns
+    -------
+    int
+        ``exact_after`` for :func:`~pymc_subsample.racing.race`: 0 means decide
+        exactly at once; ``n_obs`` means race on the whole schedule.
+    """
+    a, b = round_cost
+    looks = doubling_schedule(n_obs, batch_size)[:-1]
+    spent, chosen, previous = 0.0, 0, 0
+    for size in looks:
+        spent += a + b * (size - previous)
+        previous = size
+        if spent > budget * exact_seconds:
+            break
+        chosen = int(size)
+    else:
+        return int(n_obs)
+    return chosen

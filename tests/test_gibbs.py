@@ -1,0 +1,389 @@
+"""SubsampledCategoricalGibbs: draws against exact enumeration, PyMC conduct, bad input."""
+
+import pickle
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+from scipy import stats
+
+from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
+
+
+def exact_conditional(model, var_name, n_cat, point):
+    """p(var = i | rest) by enumerating the model's joint log density."""
+    logp = model.compile_logp()
+    lps = []
+    for i in range(n_cat):
+        pt_i = dict(point)
+        pt_i[var_name] = np.asarray(i, dtype=point[var_name].dtype)
+        lps.append(logp(pt_i))
+    lps = np.array(lps)
+    p = np.exp(lps - lps.max())
+    return p / p.sum()
+
+
+def draw_many(step, point, n_draws, var_name, element=None):
+    draws, stats_list = [], []
+    for _ in range(n_draws):
+        point, st = step.step(point)
+        value = point[var_name] if element is None else point[var_name][element]
+        draws.append(int(value))
+        stats_list.append(st[0])
+    return np.array(draws), stats_list
+
+
+def assert_matches(draws, probs, n_cat):
+    counts = np.bincount(draws, minlength=n_cat)
+    expected = len(draws) * probs
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "drew a value of probability zero"
+    # pool cells with small expectation into one so the chi-square is valid
+    small = expected[keep] < 5
+    obs = np.append(counts[keep][~small], counts[keep][small].sum())
+    exp = np.append(expected[keep][~small], expected[keep][small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    if len(obs) > 1:
+        pval = stats.chisquare(obs, exp).pvalue
+        assert pval > 1e-3, (counts, expected)
+
+
+@pytest.fixture(scope="module")
+def selector():
+    rng = np.random.default_rng(0)
+    n_obs = 2000
+    mus = np.array([0.0, 0.03, 0.06, 0.09, 0.12])
+    y = rng.normal(0.06, 1.0, size=n_obs)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.array([0.1, 0.2, 0.3, 0.2, 0.2]))
+        pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y_data)
+    return model, q
+
+
+@pytest.mark.parametrize("bound", ["normal", "exact", "ebs"])
+def test_selector_among_gaussian_means_matches_enumeration(selector, bound):
+    model, q = selector
+    point = model.initial_point()
+    probs = exact_conditional(model, "q", 5, point)
+    assert probs.max() < 0.8  # a real spread, not a point mass
+    with model:
+        step = SubsampledCategoricalGibbs([q], bound=bound, rng=1, reward_range=20.0)
+    draws, st = draw_many(step, point, 1500 if bound != "ebs" else 400, "q")
+    assert_matches(draws, probs, 5)
+    frac = np.array([s["frac_evals"] for s in st])
+    assert ((frac > 0) & (frac <= 1.0 + 1.0 / 64)).all()
+    if bound == "exact":
+        assert (frac == 1.0).all()
+
+
+def test_concentrated_conditional_uses_few_terms():
+    rng = np.random.default_rng(1)
+    n_obs = 100_000
+    mus = np.linspace(0.0, 1.0, 10)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(mus[4], 1.0, size=n_obs))
+        q = pm.Categorical("q", p=np.full(10, 0.1))
+        pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=2, audit_every=1)
+    draws, st = draw_many(step, model.initial_point(), 30, "q")
+    assert (draws == 4).all()
+    assert np.mean([s["frac_evals"] for s in st]) < 0.05
+    assert all(s["audit_agree"] == 1 for s in st)
+
+
+def test_switch_among_likelihood_families():
+    rng = np.random.default_rng(2)
+    n_obs = 1500
+    y = rng.standard_t(5, size=n_obs) * 1.2
+
+    def family_logp(value, q):
+        normal = pm.logp(pm.Normal.dist(0.0, 1.3), value)
+        student = pm.logp(pm.StudentT.dist(nu=5, mu=0.0, sigma=1.2), value)
+        laplace = pm.logp(pm.Laplace.dist(0.0, 1.0), value)
+        return pm.math.switch(pt.eq(q, 0), normal, pm.math.switch(pt.eq(q, 1), student, laplace))
+
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.ones(3) / 3)
+        pm.CustomDist("y", q, logp=family_logp, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=3)
+    point = model.initial_point()
+    probs = exact_conditional(model, "q", 3, point)
+    draws, _ = draw_many(step, point, 600, "q")
+    assert_matches(draws, probs, 3)
+
+
+def test_logistic_regression_with_discrete_hyperparameter():
+    # q selects which covariates enter the linear predictor (model selection)
+    rng = np.random.default_rng(3)
+    n_obs = 3000
+    x = rng.normal(size=(n_obs, 3))
+    true_beta = np.array([0.08, 0.0, 0.05])
+    yobs = rng.binomial(1, 1 / (1 + np.exp(-(x @ true_beta))))
+    masks = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1], [1, 1, 1]], dtype=float)
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", yobs)
+        beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+        q = pm.Categorical("q", p=np.ones(4) / 4)
+        eta = pt.dot(x_data, beta * pt.as_tensor(masks)[q])
+        pm.Bernoulli("y", logit_p=eta, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=4)
+    point = model.initial_point()
+    point["beta"] = np.array([0.08, 0.04, 0.05])
+    probs = exact_conditional(model, "q", 4, point)
+    assert sorted(step.terms._input_names) == ["beta"]
+    assert {d.name for d in step.terms.data} == {"x", "y_data"}
+    draws, _ = draw_many(step, point, 800, "q")
+    assert_matches(draws, probs, 4)
+
+
+def test_bernoulli_variable():
+    rng = np.random.default_rng(4)
+    n_obs = 1000
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(0.05, 1.0, size=n_obs))
+        z = pm.Bernoulli("z", p=0.3)
+        pm.Normal("y", 0.1 * z, 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([z], rng=5)
+    point = model.initial_point()
+    probs = exact_conditional(model, "z", 2, point)
+    draws, _ = draw_many(step, point, 1000, "z")
+    assert_matches(draws, probs, 2)
+
+
+def test_vector_categorical_updates_each_element():
+    rng = np.random.default_rng(5)
+    n_obs = 1200
+    mus = np.array([0.0, 0.04, 0.08])
+    y = np.column_stack([rng.normal(0.04, 1.0, n_obs), rng.normal(0.08, 1.0, n_obs)])
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.ones(3) / 3, shape=2)
+        pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y_data)  # (N, 2): rows are terms
+        step = SubsampledCategoricalGibbs([q], rng=6)
+    assert step.terms.n_obs == n_obs
+    point = model.initial_point()
+    # the conditional factorizes over the two elements; enumerate each marginal
+    logp = model.compile_logp()
+    for element in range(2):
+        lps = []
+        for i in range(3):
+            p_i = dict(point)
+            v = np.array(point["q"]).copy()
+            v[element] = i
+            p_i["q"] = v
+            lps.append(logp(p_i))
+        lps = np.array(lps)
+        probs = np.exp(lps - lps.max())
+        probs /= probs.sum()
+        draws, st = draw_many(step, point, 800, "q", element=element)
+        assert_matches(draws, probs, 3)
+    assert all(s["n_evals"] >= 2 * 2 * 50 for s in st)  # two races per draw
+
+
+def test_impossible_candidates_are_never_drawn():
+    rng = np.random.default_rng(6)
+    y = rng.uniform(0.0, 1.5, size=800)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.array([0.9, 0.05, 0.05]))
+        upper = pt.as_tensor(np.array([1.0, 1.6, 2.0]))[q]  # q = 0 excludes y > 1
+        pm.Uniform("y", 0.0, upper, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=7)
+    point = model.initial_point()
+    probs = exact_conditional(model, "q", 3, point)
+    assert probs[0] == 0.0
+    draws, _ = draw_many(step, point, 300, "q")
+    assert_matches(draws, probs, 3)
+
+
+def test_inside_pm_sample_with_nuts_reproducible_and_stats():
+    rng = np.random.default_rng(7)
+    n_obs = 1000
+    y = rng.normal(1.0, 1.0, size=n_obs)
+    with pm.Model():
+        y_data = pm.Data("y_data", y)
+        mu = pm.Normal("mu", 0.0, 3.0)
+        q = pm.Categorical("q", p=np.ones(3) / 3)
+        shift = pt.as_tensor(np.array([0.0, 0.05, 0.1]))[q]
+        pm.Normal("y", mu + shift, 1.0, observed=y_data)
+
+        def run(seed, chains=2, cores=1):
+            step = SubsampledCategoricalGibbs([q], audit_every=5)
+            return pm.sample(
+                draws=60,
+                tune=60,
+                step=[step],
+                chains=chains,
+                cores=cores,
+                random_seed=seed,
+                progressbar=False,
+                compute_convergence_checks=False,
+            )
+
+        a = run(11)
+        b = run(11)
+        c = run(12)
+    qa = a.posterior["q"].values
+    assert np.array_equal(qa, b.posterior["q"].values)
+    assert not np.array_equal(qa, c.posterior["q"].values) or not np.array_equal(
+        a.posterior["mu"].values, c.posterior["mu"].values
+    )
+    ss = a.sample_stats
+    for name in ["n_evals", "frac_evals", "n_rounds", "exhausted", "audit_agree"]:
+        assert name in ss, name
+    audits = ss["audit_agree"].values
+    assert set(np.unique(audits)) <= {-1, 0, 1}
+    assert (audits >= 0).sum() == 2 * 60 // 5 + 2 * 60 // 5  # tune draws are audited too
+    assert abs(float(a.posterior["mu"].mean()) - y.mean()) < 0.2
+
+
+def test_multiprocess_chains():
+    rng = np.random.default_rng(8)
+    with pm.Model():
+        y_data = pm.Data("y_data", rng.normal(size=500))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("y", 0.1 * q, 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q])
+        idata = pm.sample(
+            draws=30,
+            tune=0,
+            step=[step],
+            chains=2,
+            cores=2,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert idata.posterior["q"].shape == (2, 30)
+
+
+def test_step_is_picklable(selector):
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=9)
+    clone = pickle.loads(pickle.dumps(step))
+    point, st = clone.step(model.initial_point())
+    assert 0 <= int(point["q"]) < 5 and st[0]["n_evals"] > 0
+
+
+def test_setup_chain_resets_state(selector):
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], audit_every=3)
+    point = model.initial_point()
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
+    first = [step.step(point)[0]["q"] for _ in range(6)]
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
+    again = [step.step(point)[0]["q"] for _ in range(6)]
+    assert [int(a) for a in first] == [int(b) for b in again]
+    assert step.n_steps == 6
+
+
+# -- bad input --------------------------------------------------------------
+
+
+def test_rejects_continuous_and_unbounded_discrete_variables():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(10))
+        mu = pm.Normal("mu")
+        k = pm.Poisson("k", 3.0)
+        pm.Normal("y", mu + k, 1.0, observed=y_data)
+        with pytest.raises(ValueError, match="continuous"):
+            SubsampledCategoricalGibbs([mu])
+        with pytest.raises(ValueError, match="Poisson|discrete"):
+            SubsampledCategoricalGibbs([k])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.5}, "delta"),
+        ({"bound": "bernstein"}, "bound"),
+        ({"variance": "full"}, "variance"),
+        ({"batch_size": 1}, "batch_size"),
+        ({"audit_every": -1}, "audit_every"),
+        ({"exact_fraction": 0.0}, "exact_fraction"),
+    ],
+)
+def test_bad_settings_raise(selector, kwargs, match):
+    model, q = selector
+    with model, pytest.raises(ValueError, match=match):
+        SubsampledCategoricalGibbs([q], **kwargs)
+
+
+def test_numpy_observed_data_is_rejected_with_the_fix():
+    with pm.Model():
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("y", 0.1 * q, 1.0, observed=np.zeros(50))
+        with pytest.raises(ModelSplitError, match=r"pm\.Data"):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_numpy_covariates_are_rejected_with_the_fix():
+    x = np.random.default_rng(0).normal(size=50)
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(50))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("y", q * pt.as_tensor(x), 1.0, observed=y_data)
+        with pytest.raises(ModelSplitError, match=r"pm\.Data"):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_per_observation_latent_variables_are_rejected():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(40))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        z = pm.Normal("z", 0.0, 1.0, shape=40)
+        pm.Normal("y", z + q, 1.0, observed=y_data)
+        with pytest.raises(ModelSplitError, match="latent"):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_time_series_coupling_is_rejected():
+    series = np.random.default_rng(1).normal(size=60).cumsum()
+    with pm.Model():
+        s = pm.Data("s", series)
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        rho = pt.as_tensor(np.array([0.5, 0.9]))[q]
+        pm.Normal("y", rho * s[:-1], 1.0, observed=s[1:])
+        with pytest.raises(ModelSplitError):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_observed_variables_of_different_lengths_are_rejected():
+    with pm.Model():
+        a = pm.Data("a", np.zeros(30))
+        b = pm.Data("b", np.zeros(20))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("ya", q, 1.0, observed=a)
+        pm.Normal("yb", q, 1.0, observed=b)
+        with pytest.raises(ModelSplitError, match="different numbers"):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_variable_without_observed_children_is_rejected():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(30))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        mu = pm.Normal("mu", q, 1.0)
+        pm.Normal("y", mu, 1.0, observed=y_data)
+        with pytest.raises(ModelSplitError, match="nothing to subsample"):
+            SubsampledCategoricalGibbs([q])
+
+
+def test_explicit_data_list_is_checked():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(30))
+        other = pm.Data("other", np.zeros(30))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("y", q, 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], data=["y_data"])
+        assert [d.name for d in step.terms.data] == ["y_data"]
+        with pytest.raises(ModelSplitError, match="not an input"):
+            SubsampledCategoricalGibbs([q], data=[other])
