@@ -214,6 +214,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                     exact, _ = sample_categorical(
                         log_f0, rewards, n_obs, bound="exact", noise=noise, totals=totals
                     )
+                    self._record_audit(exact == value)
                     agree &= exact == value
                 flat[k] = value
                 current[j] = flat.reshape(current[j].shape)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
+from scipy import stats
 
 from .racing.race import validate_race_args
 
@@ -49,12 +52,36 @@ class RacingStep(BlockedStep):
         self.reward_range = reward_range
         self.rng = get_random_generator(rng)
         self.n_steps = 0
+        self._reset_audits()
+
+    def _reset_audits(self) -> None:
+        self.n_audits = 0
+        self.n_disagreements = 0
+        self._warned = False
+
+    def _record_audit(self, agree: bool) -> None:
+        """Count an audited decision; warn once when the error rate clearly exceeds delta."""
+        self.n_audits += 1
+        self.n_disagreements += int(not agree)
+        k, n = self.n_disagreements, self.n_audits
+        if not self._warned and k > 0 and stats.binom.sf(k - 1, n, self.delta) < 1e-3:
+            self._warned = True
+            warnings.warn(
+                f"{type(self).__name__}: {k} of {n} audited decisions differed from the exact "
+                f"ones, significantly more than delta={self.delta:g}. The normal approximation "
+                "fails on these likelihood terms (heavy tails or rare large terms): increase "
+                "batch_size (e.g. 500), use variance='marginal', pass reward_range, or use "
+                "bound='ebs' with reward_range",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, draw counter) before a chain starts."""
         super().setup_chain(rng, tune, draws)
         self.n_steps = 0
         self.tune = tune > 0
+        self._reset_audits()
 
     def _audit_due(self) -> bool:
         """Advance the draw counter; True when this draw is to be audited."""

@@ -38,6 +38,7 @@ def sample_categorical(
     noise: np.ndarray | None = None,
     exact_after: int | None = None,
     totals=None,
+    skew_guard: bool = True,
 ) -> tuple[int, RaceResult]:
     r"""Draw :math:`X \sim p(X=i) \propto f_0(i) \prod_n f_n(i)` by racing.
 
@@ -68,6 +69,8 @@ def sample_categorical(
         Gumbel noise to use instead of drawing it (for audits that replay a
         decision exactly).
     exact_after : int, optional
+        See :func:`~pymc_subsample.racing.race`.
+    skew_guard : bool
         See :func:`~pymc_subsample.racing.race`.
     totals : callable, optional
         ``totals(arms)`` returning :math:`\sum_n \log f_n(i)` (see
@@ -117,6 +120,7 @@ def sample_categorical(
         offsets=offsets,
         exact_after=exact_after,
         totals=sub_totals,
+        skew_guard=skew_guard,
     )
     value = int(feasible[result.winner])
     return value, RaceResult(
