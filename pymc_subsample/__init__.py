@@ -1,6 +1,7 @@
 """pymc-subsample: PyMC step methods that evaluate only as much likelihood as needed."""
 
 from . import racing
+from .compare import compare_runs
 from .gibbs import SubsampledCategoricalGibbs
 from .graph import ModelSplitError, ObservationTerms
 from .racing import RaceResult, race, sample_categorical
@@ -13,6 +14,7 @@ __all__ = [
     "RaceResult",
     "SubsampledCategoricalGibbs",
     "__version__",
+    "compare_runs",
     "race",
     "racing",
     "sample_categorical",

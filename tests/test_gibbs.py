@@ -9,8 +9,8 @@ from scipy import stats
 
 from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
 
-# race on the whole doubling schedule: these small models are so cheap that the
-# default "auto" would decide most draws exactly at once (tested separately)
+# race on the whole doubling schedule: these models are small, so the default
+# exact_fraction=1/64 would decide most draws exactly after a look or two
 RACE = {"exact_fraction": 1.0}
 
 
@@ -100,7 +100,7 @@ def test_concentrated_conditional_uses_few_terms():
 def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
     model, q = selector
     with model:
-        step = SubsampledCategoricalGibbs([q])
+        step = SubsampledCategoricalGibbs([q], exact_fraction="auto")
     looks = [0, *[50 * 2**k for k in range(12)], step.terms.n_obs]
     assert step.exact_after in looks
     point, st = step.step(model.initial_point())
