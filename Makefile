@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3 python3.12 python3.13 python; do \
 
 help:
 	@echo "make demo      install and run the main demo (quick synthetic racing study)"
-	@echo "make test      install with the test extras and run lint + the test suite"
+	@echo "make test      install with the test and docs extras; run lint, the test suite, the docs build"
 	@echo "make test-all  also run the slow statistical tests"
 	@echo "make docs      build the documentation into docs/_build/html"
 	@echo "make bench     run every benchmark script (long)"
@@ -29,17 +29,19 @@ $(VENV)/.stamp-%: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.stamp-examples
 	$(BIN)/python benchmarks/bandit_study.py --quick
 
-lint: $(VENV)/.stamp-test
+lint: $(VENV)/.stamp-test,docs
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 test: lint
 	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs built without warnings: docs/_build/html/index.html"
 
 test-all: lint
 	$(BIN)/python -m pytest
 
-docs: $(VENV)/.stamp-docs
+docs: $(VENV)/.stamp-test,docs
 	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 bench: $(VENV)/.stamp-examples

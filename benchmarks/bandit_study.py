@@ -231,7 +231,8 @@ def main():
     ]:
         plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
         print(f"wrote {figs / fname}")
-    md = OUT / "bandit_study.md"
+    md = OUT / "tables" / "bandit_study.md"
+    md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(
         markdown(rows, "Synthetic bandit study: table", "python benchmarks/bandit_study.py")
     )

@@ -25,7 +25,8 @@ import pymc as pm
 
 from pymc_subsample import SubsampledCategoricalGibbs
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "categorical_gibbs.md"
+OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
+OUT = OUT / "categorical_gibbs.md"
 
 
 def make_model(n_obs, n_cat, kind, seed=0):

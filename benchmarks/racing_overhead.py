@@ -23,7 +23,8 @@ import numpy as np
 from pymc_subsample.racing import race, sample_categorical
 from pymc_subsample.racing.synthetic import bandit_population
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "racing_overhead.md"
+OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
+OUT = OUT / "racing_overhead.md"
 
 
 def fixed_batch(n_arms, variance, looks=40, batch=50, reps=30):
