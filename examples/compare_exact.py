@@ -57,20 +57,33 @@ def main():
         q = model["q"]
         print(f"N = {n_obs}: sampling with the exact CategoricalGibbsMetropolis ...")
         t0 = time.perf_counter()
-        runs["exact"] = pm.sample(draws=draws, tune=500, chains=2, random_seed=1,
-                                  step=[pm.CategoricalGibbsMetropolis([q])])
+        runs["exact"] = pm.sample(
+            draws=draws,
+            tune=500,
+            chains=2,
+            random_seed=1,
+            step=[pm.CategoricalGibbsMetropolis([q])],
+        )
         print(f"  {time.perf_counter() - t0:.1f} s")
         print("sampling with SubsampledCategoricalGibbs ...")
         t0 = time.perf_counter()
         # heavy-tailed likelihoods: a larger first batch keeps the normal approximation honest
         step = SubsampledCategoricalGibbs([q], delta=0.05, batch_size=200, audit_every=10)
-        runs["subsampled"] = pm.sample(draws=draws, tune=500, chains=2, random_seed=1,
-                                       step=[step])
+        runs["subsampled"] = pm.sample(draws=draws, tune=500, chains=2, random_seed=1, step=[step])
         print(f"  {time.perf_counter() - t0:.1f} s")
 
     table = compare_runs(runs, var_names=["mu", "sigma", "q"])
-    cols = ["mean", "sd", "ess_bulk", "r_hat", "sampling_time", "ess_bulk_per_s",
-            "mean_frac_evals", "audited", "audit_error_rate"]
+    cols = [
+        "mean",
+        "sd",
+        "ess_bulk",
+        "r_hat",
+        "sampling_time",
+        "ess_bulk_per_s",
+        "mean_frac_evals",
+        "audited",
+        "audit_error_rate",
+    ]
     print(table[cols].to_string())
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -81,8 +94,10 @@ def main():
     pc.add_legend("model")
     pc.savefig(OUT / "compare_dist.png")
     (OUT / "compare_table.md").write_text(table[cols].to_markdown(floatfmt=".4g") + "\n")
-    print(f"wrote {OUT / 'compare_forest.png'}, {OUT / 'compare_dist.png'}, "
-          f"{OUT / 'compare_table.md'}")
+    print(
+        f"wrote {OUT / 'compare_forest.png'}, {OUT / 'compare_dist.png'}, "
+        f"{OUT / 'compare_table.md'}"
+    )
 
 
 if __name__ == "__main__":

@@ -61,9 +61,7 @@ def compare_runs(runs: Mapping[str, object], var_names: Sequence[str] | None = N
         if audit is not None:
             done = audit >= 0
             summary["audited"] = int(done.sum())
-            summary["audit_error_rate"] = (
-                float((audit[done] == 0).mean()) if done.any() else np.nan
-            )
+            summary["audit_error_rate"] = float((audit[done] == 0).mean()) if done.any() else np.nan
         else:
             summary["audited"] = 0
             summary["audit_error_rate"] = np.nan

@@ -338,3 +338,20 @@ def test_random_positions_and_skip_taken():
     taken = np.array([0, 3, 4, 9])
     free = np.setdiff1d(np.arange(12), taken)
     assert np.array_equal(skip_taken(np.arange(len(free)), taken), free)
+
+
+def test_independent_populations_minus_inf_and_rescue():
+    pops = [np.zeros(100), np.full(300, 0.01), np.full(200, 0.02)]
+    pops[2][::2] = -np.inf  # highest mean, but impossible
+
+    def rewards(arms, idx):
+        return pops[int(arms[0])][idx][None, :]
+
+    for seed in range(10):
+        res = race(rewards, 3, np.array([100, 300, 200]), variance="marginal", rng=seed)
+        assert res.winner == 1
+    pops_all = [np.full(50, -np.inf), np.full(60, -np.inf)]
+    with pytest.raises(ValueError, match="-inf"):
+        race(
+            lambda a, i: pops_all[int(a[0])][i][None, :], 2, np.array([50, 60]), variance="marginal"
+        )

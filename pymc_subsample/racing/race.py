@@ -573,8 +573,18 @@ def _race_independent(
             mean[i] += d * m / n
             drawn[i] = n
             crange[i] = batch.max() - batch.min()
-        if not alive.any():
-            _argmax_or_raise(np.full(1, -np.inf))
+        if not alive.any():  # the best arm was dropped earlier: decide the rest exactly
+            others = np.flatnonzero(np.isfinite(mean))
+            sums = np.array(
+                [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in others]
+            )
+            if len(others) == 0:
+                _argmax_or_raise(np.full(1, -np.inf))
+            sums = sums + sizes[others] * offsets[others]
+            winner = int(others[_argmax_or_raise(sums)])
+            return RaceResult(
+                winner, n_evals + int(sizes[others].sum()), n_rounds, True, int(sizes.max())
+            )
         sigma = np.sqrt(m2 / np.maximum(drawn, 1))
         c = crange if reward_range is None else float(reward_range)
         if bound == "normal":
