@@ -106,6 +106,11 @@ def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
 
 
 def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """Call ``rewards(arms, idx)`` and check its shape and values (see :func:`_checked`)."""
+    return _checked(rewards, arms, idx)[0]
+
+
+def _checked(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, bool]:
     """Call ``rewards(arms, idx)`` and check its shape and values.
 
     Parameters
@@ -117,8 +122,10 @@ def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.
 
     Returns
     -------
-    numpy.ndarray
+    rewards : numpy.ndarray
         float64 array of shape ``(len(arms), len(idx))``; entries finite or −inf.
+    all_finite : bool
+        False when some entry is −inf.
 
     Raises
     ------
@@ -131,7 +138,8 @@ def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.
             f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
             f"{(len(arms), len(idx))}, got {out.shape}"
         )
-    if not math.isfinite(out.sum()):  # fast path: a finite sum means every entry is finite
+    finite = math.isfinite(out.sum())  # fast path: a finite sum means every entry is finite
+    if not finite:
         if np.isnan(out).any():
             raise ValueError(
                 "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
@@ -140,7 +148,7 @@ def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.
             raise ValueError(
                 "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
             )
-    return out
+    return out, finite
 
 
 def exact_totals(rewards: RewardFn, arms: np.ndarray, n_obs: int) -> np.ndarray:
@@ -450,10 +458,10 @@ def _race_shared(
             winner = int(alive[_argmax_or_raise(sums)])
             return RaceResult(winner, n_evals + big_n * len(alive), n_rounds + 1, True, big_n)
         idx = stream.take(size - stream.n_drawn)
-        batch = checked_rewards(rewards, alive, idx)
+        batch, finite = _checked(rewards, alive, idx)
         n_evals += batch.size
         n_rounds += 1
-        if not math.isfinite(batch.sum()):  # some arm has a -inf term: it can never win
+        if not finite:  # some arm has a -inf term: it can never win
             rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
             if len(rows) == 0:
                 return _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets)
@@ -480,14 +488,6 @@ def _race_shared(
             if c_user is not None:
                 np.maximum(sigma, rare_event_floor(c_user, size), out=sigma)
             width = sigma * (threshold * math.sqrt((big_n - size) / (big_n - 1.0) / size))
-            if skew_guard and c_user is None:
-                # Cochran's rule: the mean of n draws is near-normal once n > 25 g1^2
-                spread = batch[lead] - batch if pairwise else batch
-                centred = spread - spread.mean(axis=1, keepdims=True)
-                m2b = np.einsum("ij,ij->i", centred, centred)
-                m3b = np.einsum("ij,ij->i", centred * centred, centred)
-                g1sq = m3b * m3b * len(idx) / np.maximum(m2b**3, 1e-300)
-                width[size < 25.0 * g1sq] = np.inf
         else:
             if c_user is None:
                 spread = batch[lead] - batch if pairwise else batch
@@ -500,6 +500,8 @@ def _race_shared(
         else:
             keep = score[lead] - width[lead] <= score + width
         keep[lead] = True
+        if not keep.all() and bound == "normal" and skew_guard and c_user is None:
+            keep = _cochran_guard(batch, lead, keep, pairwise, size)
         if not keep.all():
             rows = np.flatnonzero(keep)
             alive = alive[rows]
@@ -508,6 +510,36 @@ def _race_shared(
                 break
     winner = int(alive[int((stats.mean + offsets[alive]).argmax())])
     return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
+
+
+def _skewness_squared(values: np.ndarray) -> np.ndarray:
+    """Squared sample skewness of each row."""
+    centred = values - values.mean(axis=1, keepdims=True)
+    sq = centred * centred
+    m2 = sq.sum(axis=1)
+    m3 = np.einsum("ij,ij->i", sq, centred)
+    return m3 * m3 * values.shape[1] / np.maximum(m2**3, 1e-300)
+
+
+def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
+    """Keep the arms whose elimination rests on a mean too skewed to be near-normal.
+
+    Cochran's rule: the mean of ``n`` draws is close to normal once
+    ``n > 25 g1**2``; ``g1`` is estimated on the latest batch (of the
+    differences with the leader, in pairwise mode). Computed only for the arms
+    about to be dropped.
+    """
+    drop = np.flatnonzero(~keep)
+    if pairwise:
+        g1sq = _skewness_squared(batch[lead] - batch[drop])
+    else:
+        g1sq = _skewness_squared(batch[np.append(drop, lead)])
+        if size < 25.0 * g1sq[-1]:  # the leader's own interval is not trustworthy
+            return np.ones_like(keep)
+        g1sq = g1sq[:-1]
+    keep = keep.copy()
+    keep[drop[size < 25.0 * g1sq]] = True
+    return keep
 
 
 def _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets):
