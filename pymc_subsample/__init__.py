@@ -4,6 +4,7 @@ from . import racing
 from .compare import compare_runs
 from .gibbs import SubsampledCategoricalGibbs
 from .graph import ModelSplitError, ObservationTerms
+from .metropolis import RacingMetropolis
 from .racing import RaceResult, race, sample_categorical
 
 __version__ = "0.1.0.dev0"
@@ -12,6 +13,7 @@ __all__ = [
     "ModelSplitError",
     "ObservationTerms",
     "RaceResult",
+    "RacingMetropolis",
     "SubsampledCategoricalGibbs",
     "__version__",
     "compare_runs",

@@ -156,6 +156,10 @@ class ObservationTerms:
 
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
+        self._graphs = (idx, subset, log_f0)
+        self._model = model
+        self._compile_kwargs = compile_kwargs
+        self._grad_fn = None
         self._cands = [
             pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
             for v in self.vars
@@ -334,6 +338,42 @@ class ObservationTerms:
     def totals(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
         return np.asarray(self._totals_fn(*candidates, *self._others(point)), dtype=np.float64)
+
+    def gradient(
+        self, values: Sequence[np.ndarray], idx: np.ndarray, point: dict
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        r"""Gradients of :math:`\sum_{n \in \mathrm{idx}} \log f_n` and of :math:`\log f_0`.
+
+        Compiled on first use (only gradient-based proposals need it).
+
+        Parameters
+        ----------
+        values : sequence of numpy.ndarray
+            One value per block variable (not batched).
+        idx : numpy.ndarray
+            Observation indices of the mini-batch.
+        point : dict
+            Values of the other value variables.
+
+        Returns
+        -------
+        tuple of list of numpy.ndarray
+            ``(grad_loglik, grad_f0)``, one array per block variable.
+        """
+        if self._grad_fn is None:
+            import pytensor
+
+            idx_var, subset, log_f0 = self._graphs
+            grads = pytensor.grad(subset.sum(), self.vars) + pytensor.grad(log_f0, self.vars)
+            self._grad_fn = self._model.compile_fn(
+                grads,
+                inputs=[*self.vars, idx_var, *self.inputs],
+                point_fn=False,
+                **self._compile_kwargs,
+            )
+        out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *self._others(point))
+        k = len(self.vars)
+        return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
 
     def exact(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""

@@ -123,6 +123,10 @@ def sample_categorical(
         skew_guard=skew_guard,
     )
     value = int(feasible[result.winner])
+    means = None
+    if result.means is not None:
+        means = np.full(len(log_f0), -np.inf)
+        means[feasible] = result.means
     return value, RaceResult(
-        value, result.n_evaluations, result.n_rounds, result.exhausted, result.n_drawn
+        value, result.n_evaluations, result.n_rounds, result.exhausted, result.n_drawn, means
     )

@@ -49,6 +49,10 @@ class RaceResult:
         True when some arm had to be evaluated on its whole population.
     n_drawn : int
         Largest number of observations drawn for one arm.
+    means : numpy.ndarray or None
+        Estimated mean reward of each arm (offset included) when it left the
+        race, exact for arms evaluated on all observations; NaN for arms never
+        evaluated. Recorded by the shared-index races and ``bound="exact"``.
     """
 
     winner: int
@@ -56,6 +60,7 @@ class RaceResult:
     n_rounds: int
     exhausted: bool
     n_drawn: int
+    means: np.ndarray | None = None
 
 
 def _check_probability(delta: float) -> float:
@@ -334,7 +339,7 @@ def race(
     arms = np.arange(int(n_arms))
     if bound == "exact":
         sums = _totals(rewards, totals, arms, big_n) + big_n * offsets
-        return RaceResult(_argmax_or_raise(sums), big_n * len(arms), 1, True, big_n)
+        return RaceResult(_argmax_or_raise(sums), big_n * len(arms), 1, True, big_n, sums / big_n)
     if bound == "lilucb":
         from .lilucb import lil_ucb
 
@@ -449,6 +454,7 @@ def _race_shared(
     stream = IndexStream(big_n, rng, reuse_stamps=True)
     stats = _Stats(len(arms), pairwise)
     alive = arms
+    means = np.full(len(arms), np.nan)
     n_evals = 0
     n_rounds = 0
     for size in looks:
@@ -456,21 +462,27 @@ def _race_shared(
             # exact look after a truncated schedule: one fused pass over all data
             sums = _totals(rewards, totals, alive, big_n) + big_n * offsets[alive]
             winner = int(alive[_argmax_or_raise(sums)])
-            return RaceResult(winner, n_evals + big_n * len(alive), n_rounds + 1, True, big_n)
+            means[alive] = sums / big_n
+            return RaceResult(
+                winner, n_evals + big_n * len(alive), n_rounds + 1, True, big_n, means
+            )
         idx = stream.take(size - stream.n_drawn)
         batch, finite = _checked(rewards, alive, idx)
         n_evals += batch.size
         n_rounds += 1
         if not finite:  # some arm has a -inf term: it can never win
             rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
+            means[alive] = -np.inf
             if len(rows) == 0:
                 return _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets)
             alive, batch = alive[rows], batch[rows]
             stats.keep(rows)
         if size >= big_n:  # exact look: only the means matter
             score = (stats.mean * stats.n + np.add.reduce(batch, axis=1)) / big_n
+            score += offsets[alive]
+            means[alive] = score
             return RaceResult(
-                int(alive[int((score + offsets[alive]).argmax())]), n_evals, n_rounds, True, big_n
+                int(alive[int(score.argmax())]), n_evals, n_rounds, True, big_n, means
             )
         stats.update(batch)
         if len(alive) == 1:
@@ -503,13 +515,16 @@ def _race_shared(
         if not keep.all() and bound == "normal" and skew_guard and c_user is None:
             keep = _cochran_guard(batch, lead, keep, pairwise, size)
         if not keep.all():
+            means[alive[~keep]] = score[~keep]
             rows = np.flatnonzero(keep)
             alive = alive[rows]
             stats.keep(rows)
             if len(alive) == 1:
                 break
-    winner = int(alive[int((stats.mean + offsets[alive]).argmax())])
-    return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn)
+    score = stats.mean + offsets[alive]
+    means[alive] = score
+    winner = int(alive[int(score.argmax())])
+    return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn, means)
 
 
 def _skewness_squared(values: np.ndarray) -> np.ndarray:

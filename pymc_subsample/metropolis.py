@@ -1,0 +1,291 @@
+r"""RacingMetropolis: Metropolis–Hastings whose accept test is a race on mini-batches.
+
+MH from :math:`x` to :math:`x' \sim q(\cdot \mid x)` with :math:`u \sim U(0,1)` is a
+two-arm race (seed 000, Sec. 4; ``ALGORITHMS.md`` §3):
+
+.. math::
+    l_{x',n} = \log f_n(x') + \frac{\log f_0(x') + \log q(x \mid x')}{N}, \qquad
+    l_{x,n}  = \log f_n(x) + \frac{\log f_0(x) + \log q(x' \mid x) + \log u}{N},
+
+accept iff :math:`\mu_{x'} > \mu_x`. Racing-Normal gives the test of Korattikara
+et al. (2014), Racing-EBS that of Bardenet et al. (2014); ``bound="exact"`` is
+plain MH on all :math:`N` observations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pymc.step_methods.metropolis import tune as pymc_tune
+
+from .graph import ObservationTerms
+from .proposals import langevin_proposal, random_walk_proposal
+from .racing import race
+from .racing.schedule import IndexStream
+from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+
+__all__ = ["PROPOSALS", "RacingMetropolis"]
+
+#: Names accepted by ``proposal``.
+PROPOSALS = ("normal", "langevin")
+
+
+class RacingMetropolis(RacingStep):
+    r"""Metropolis–Hastings step for continuous variables with a racing accept test.
+
+    Updates a block of continuous variables in PyMC's unconstrained value space.
+    The per-observation terms at the current and the proposed point are
+    evaluated in one compiled call on each mini-batch of the race (the current
+    point's terms are recomputed on the same indices, never cached); the prior,
+    Jacobian and other non-observation terms (:math:`\log f_0`) are exact. Each
+    accept/reject decision agrees with exact MH for the same :math:`u` and
+    proposal with probability at least :math:`1-\delta` under the bound's
+    assumptions.
+
+    Parameters
+    ----------
+    vars : list
+        Continuous variables (or their value variables).
+    delta : float
+        Error allowed per accept/reject decision, in (0, 1).
+    bound : {"normal", "ebs", "lilucb", "exact"}
+        Racing bound (:func:`~pymc_subsample.racing.race`); ``"exact"`` is plain MH.
+    batch_size : int
+        First mini-batch size. Racing-Normal MH is biased when the test is
+        loose: in a logistic regression with N = 2e4, δ = 0.05 and a first
+        batch of 50 shifted posterior means by 0.1–0.26 posterior sd
+        (``ALGORITHMS.md`` §3); δ = 0.01 or a batch of 500 removes most of it.
+    proposal : {"normal", "langevin"}
+        ``"normal"``: Gaussian random walk with scale ``scaling`` (tuned during
+        tuning like ``pm.Metropolis``). ``"langevin"``: stochastic-gradient
+        Langevin proposal :math:`x' = x + \frac{\epsilon^2}{2} g(x) + \epsilon z`,
+        :math:`g` the exact gradient of :math:`\log f_0` plus :math:`N/m` times the
+        gradient of the log-likelihood of a mini-batch of ``gradient_batch``
+        observations, :math:`\epsilon` = ``scaling`` tuned during tuning towards
+        ``target_accept``; the proposal density ratio enters the test.
+    scaling : float
+        Initial step scale.
+    tune_interval : int
+        Draws between scale updates during tuning.
+    data : list of pm.Data, optional
+        The per-observation data inputs (guessed when omitted).
+    audit_every : int
+        Every ``audit_every``-th draw also makes the exact decision for the same
+        proposal and :math:`u` and records ``audit_agree``.
+    reward_range : float, optional
+        Bound on the range of the per-observation terms (see
+        :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
+    exact_fraction : float or "auto"
+        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
+    gradient_batch : int, optional
+        Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
+    target_accept : float, optional
+        Acceptance rate the Langevin step size is tuned to (default 0.36, the
+        paper's ARCH setting; gradient noise makes MALA's 0.574 too small a step).
+    model, rng, initial_point, compile_kwargs, blocked
+        As for PyMC's step methods.
+
+    Notes
+    -----
+    Sampler stats per draw: ``accept`` (acceptance probability estimated from
+    the race's means; exact for exhausted races), ``accepted``, ``scaling``,
+    ``n_evals`` (per-observation terms evaluated, both points), ``frac_evals``
+    (``n_evals / (2N)``), ``exhausted`` and ``audit_agree`` (1/0, −1 when not
+    audited).
+    """
+
+    name = "racing_metropolis"
+    stats_dtypes_shapes = {
+        "accept": (np.float64, []),
+        "accepted": (bool, []),
+        "scaling": (np.float64, []),
+        "n_evals": (np.int64, []),
+        "frac_evals": (np.float64, []),
+        "exhausted": (bool, []),
+        "audit_agree": (np.int8, []),
+        "tune": (bool, []),
+    }
+
+    def __init__(
+        self,
+        vars,
+        *,
+        delta: float = 0.05,
+        bound: str = "normal",
+        batch_size: int = 50,
+        proposal: str = "normal",
+        scaling: float = 1.0,
+        tune_interval: int = 100,
+        data=None,
+        audit_every: int = 0,
+        reward_range: float | None = None,
+        exact_fraction: float = 1.0 / 64,
+        gradient_batch: int | None = None,
+        target_accept: float | None = None,
+        model=None,
+        rng=None,
+        initial_point=None,
+        compile_kwargs=None,
+        blocked: bool = True,
+    ):
+        import pymc as pm
+
+        model = pm.modelcontext(model)
+        self._init_racing(delta, bound, batch_size, "pairwise", audit_every, reward_range, rng)
+        if proposal not in PROPOSALS:
+            raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
+        if not (np.isfinite(scaling) and scaling > 0):
+            raise ValueError(f"scaling must be a positive number, got {scaling!r}")
+        if int(tune_interval) != tune_interval or tune_interval < 1:
+            raise ValueError(f"tune_interval must be a positive integer, got {tune_interval!r}")
+        if initial_point is None:
+            initial_point = model.initial_point()
+        from pymc.util import get_value_vars_from_user_vars
+
+        for v in get_value_vars_from_user_vars(vars, model):
+            if not v.dtype.startswith("float"):
+                rv = model.values_to_rvs[v]
+                raise ValueError(
+                    f"RacingMetropolis updates continuous variables; {rv.name!r} is discrete "
+                    f"(dtype {v.dtype}): use SubsampledCategoricalGibbs for it"
+                )
+        self.terms = ObservationTerms(
+            model, vars, data=data, initial_point=initial_point, compile_kwargs=compile_kwargs
+        )
+        self.vars = self.terms.vars
+        self.proposal = proposal
+        self._shapes = [np.shape(initial_point[v.name]) for v in self.vars]
+        self._sizes = [int(np.prod(s)) for s in self._shapes]
+        n_obs = self.terms.n_obs
+        if not (isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0):
+            raise ValueError(f"exact_fraction must lie in (0, 1], got {exact_fraction!r}")
+        self.exact_after = int(np.ceil(exact_fraction * n_obs))
+        self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
+        self.target_accept = 0.36 if target_accept is None else float(target_accept)
+        if not 0.0 < self.target_accept < 1.0:
+            raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
+        self.initial_scaling = float(scaling)
+        self.scaling = float(scaling)
+        self.tune_interval = int(tune_interval)
+        self.tune = True
+        self.blocked = blocked
+        self._reset_tuning()
+
+    def _reset_tuning(self) -> None:
+        self.steps_until_tune = self.tune_interval
+        self.accepted_sum = 0
+
+    def reset_tuning(self):
+        """Restore the initial scale (PyMC calls this between runs)."""
+        self.scaling = self.initial_scaling
+        self._reset_tuning()
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """Reset per-chain state (rng, counters, scale) before a chain starts."""
+        super().setup_chain(rng, tune, draws)
+        self.reset_tuning()
+
+    # -- flat <-> per-variable values --------------------------------------------
+
+    def _flatten(self, parts) -> np.ndarray:
+        return np.concatenate([np.ravel(p).astype(np.float64) for p in parts])
+
+    def _split(self, flat: np.ndarray) -> list[np.ndarray]:
+        out, start = [], 0
+        for v, shape, size in zip(self.vars, self._shapes, self._sizes, strict=True):
+            out.append(flat[start : start + size].reshape(shape).astype(v.dtype))
+            start += size
+        return out
+
+    def _gradient_fn(self, point):
+        n_obs = self.terms.n_obs
+        batch = IndexStream(n_obs, self.rng).take(self.gradient_batch)
+        batch.sort()
+        scale = n_obs / len(batch)
+
+        def gradient(flat):
+            g_lik, g_f0 = self.terms.gradient(self._split(flat), batch, point)
+            return scale * self._flatten(g_lik) + self._flatten(g_f0)
+
+        return gradient
+
+    # -- the step -------------------------------------------------------------------
+
+    def step(self, point):
+        """One MH step with a racing accept test; return the new point and stats."""
+        audit = self._audit_due()
+        n_obs = self.terms.n_obs
+        current = [np.asarray(point[v.name]) for v in self.vars]
+        x = self._flatten(current)
+        if self.proposal == "normal":
+            x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
+        else:
+            x_new, lq_fwd, lq_rev = langevin_proposal(
+                x, self.scaling, self._gradient_fn(point), self.rng
+            )
+        proposed = self._split(x_new)
+        cands = [np.stack([c, p]) for c, p in zip(current, proposed, strict=True)]
+        log_f0 = self.terms.exact(cands, point)
+        log_u = float(np.log(self.rng.random()))
+        stats = {"n_evals": 0, "exhausted": False, "audit_agree": AUDIT_NOT_RUN}
+        if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
+            accepted, accept = False, 0.0
+        else:
+            offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
+
+            def rewards(arms, idx):
+                return self.terms.terms([c[arms] for c in cands], idx, point)
+
+            def totals(arms):
+                return self.terms.totals([c[arms] for c in cands], point)
+
+            res = race(
+                rewards,
+                2,
+                n_obs,
+                delta=self.delta,
+                bound=self.bound,
+                batch_size=self.batch_size,
+                variance="pairwise",
+                rng=self.rng,
+                reward_range=self.reward_range,
+                offsets=offsets,
+                exact_after=self.exact_after,
+                totals=totals,
+            )
+            accepted = res.winner == 1
+            accept = np.nan
+            if res.means is not None and np.isfinite(res.means).all():
+                log_ratio = n_obs * (res.means[1] - res.means[0]) + log_u
+                accept = float(np.exp(min(0.0, log_ratio)))
+            stats.update(n_evals=res.n_evaluations, exhausted=res.exhausted)
+            if audit:
+                exact = race(rewards, 2, n_obs, bound="exact", offsets=offsets, totals=totals)
+                agree = exact.winner == res.winner
+                self._record_audit(agree)
+                stats["audit_agree"] = AUDIT_AGREE if agree else AUDIT_DISAGREE
+        stats.update(
+            accept=accept,
+            accepted=accepted,
+            scaling=self.scaling,
+            frac_evals=stats["n_evals"] / (2.0 * n_obs),
+            tune=self.tune,
+        )
+        if self.tune:
+            self._tune_step(accepted)
+        if accepted:
+            point = dict(point)
+            for v, value in zip(self.vars, proposed, strict=True):
+                point[v.name] = value
+        return point, [stats]
+
+    def _tune_step(self, accepted: bool) -> None:
+        self.accepted_sum += int(accepted)
+        self.steps_until_tune -= 1
+        if self.steps_until_tune > 0:
+            return
+        rate = self.accepted_sum / self.tune_interval
+        if self.proposal == "normal":
+            self.scaling = float(pymc_tune(self.scaling, rate))
+        else:  # Robbins–Monro on log(eps) towards the target acceptance
+            self.scaling = float(self.scaling * np.exp(2.0 * (rate - self.target_accept)))
+        self._reset_tuning()
