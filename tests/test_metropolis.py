@@ -1,0 +1,159 @@
+"""RacingMetropolis: posteriors against NUTS, exact decisions against plain MH, bad input."""
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+
+from pymc_subsample import RacingMetropolis
+
+# race on the whole schedule (the default exact_fraction would go exact at once for
+# these small, cheap models); delta and first batch as ALGORITHMS.md §3 advises
+RACE = {"exact_fraction": 1.0, "delta": 0.01, "batch_size": 500}
+
+
+def summary(idata, names):
+    return az.summary(idata, var_names=names, kind="all")
+
+
+def assert_posteriors_agree(test, ref, names, sd_rel=0.25):
+    a, b = summary(test, names), summary(ref, names)
+    for row in a.index:
+        se = np.sqrt(float(a.loc[row, "mcse_mean"]) ** 2 + float(b.loc[row, "mcse_mean"]) ** 2)
+        diff = abs(float(a.loc[row, "mean"]) - float(b.loc[row, "mean"]))
+        assert diff < 4 * se, (row, diff, se)
+        assert abs(float(a.loc[row, "sd"]) / float(b.loc[row, "sd"]) - 1) < sd_rel, row
+
+
+@pytest.fixture(scope="module")
+def linear():
+    rng = np.random.default_rng(0)
+    n_obs = 20_000
+    x = rng.normal(size=(n_obs, 2))
+    y = 0.2 + x @ np.array([0.5, -0.3]) + rng.normal(size=n_obs)
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", y)
+        b = pm.Normal("b", 0, 5, shape=2)
+        a = pm.Normal("a", 0, 5)
+        pm.Normal("y", a + x_data @ b, 1.0, observed=y_data)
+        nuts = pm.sample(500, tune=500, chains=2, random_seed=1, progressbar=False,
+                         compute_convergence_checks=False)
+    return model, nuts
+
+
+def test_linear_regression_matches_nuts(linear):
+    model, nuts = linear
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], scaling=0.01, **RACE)
+        idata = pm.sample(1500, tune=1000, step=[step], chains=2, random_seed=2,
+                          progressbar=False, compute_convergence_checks=False)
+    assert_posteriors_agree(idata, nuts, ["a", "b"])
+    ss = idata.sample_stats
+    assert float(ss["frac_evals"].mean()) < 0.9  # the race saved work
+    assert 0.1 < float(ss["accepted"].mean()) < 0.7
+
+
+def test_logistic_regression_matches_nuts():
+    rng = np.random.default_rng(3)
+    n_obs = 20_000
+    x = rng.normal(size=(n_obs, 2))
+    p = 1 / (1 + np.exp(-(0.3 + x @ np.array([1.0, -0.5]))))
+    y = rng.binomial(1, p)
+    with pm.Model():
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", y)
+        b = pm.Normal("b", 0, 3, shape=2)
+        a = pm.Normal("a", 0, 3)
+        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
+        nuts = pm.sample(500, tune=500, chains=2, random_seed=4, progressbar=False,
+                         compute_convergence_checks=False)
+        step = RacingMetropolis([b, a], scaling=0.01, audit_every=10, **RACE)
+        idata = pm.sample(1000, tune=700, step=[step], chains=2, random_seed=5,
+                          progressbar=False, compute_convergence_checks=False)
+    assert_posteriors_agree(idata, nuts, ["a", "b"])
+    audits = idata.sample_stats["audit_agree"].values
+    done = audits >= 0
+    assert done.sum() == 2 * 100
+    assert (audits[done] == 0).mean() < 0.05
+
+
+def test_langevin_with_full_gradient_is_mala_and_matches_nuts(linear):
+    model, nuts = linear
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], proposal="langevin", scaling=0.005,
+                                gradient_batch=20_000, bound="exact", target_accept=0.574)
+        idata = pm.sample(800, tune=800, step=[step], chains=2, random_seed=6,
+                          progressbar=False, compute_convergence_checks=False)
+    assert_posteriors_agree(idata, nuts, ["a", "b"])
+    assert 0.35 < float(idata.sample_stats["accepted"].mean()) < 0.85
+
+
+def test_langevin_racing_runs_and_tunes(linear):
+    model, _ = linear
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], proposal="langevin", scaling=0.005,
+                                gradient_batch=2000, **RACE)
+        idata = pm.sample(200, tune=600, step=[step], chains=1, random_seed=7,
+                          progressbar=False, compute_convergence_checks=False)
+    acc = float(idata.sample_stats["accepted"].mean())
+    assert 0.15 < acc < 0.6  # tuned towards 0.36
+    assert np.isfinite(idata.posterior["a"].values).all()
+
+
+def test_exact_bound_makes_plain_mh_decisions(linear):
+    model, _ = linear
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], bound="exact", scaling=0.01)
+    logp = model.compile_logp()
+    point = model.initial_point()
+    point["b"] = np.array([0.5, -0.3])
+    point["a"] = np.array(0.2)
+    step.tune = False
+    for seed in range(40):
+        step.rng = np.random.default_rng(seed)
+        mirror = np.random.default_rng(seed)
+        z = mirror.standard_normal(3)  # proposal first (b then a), then u
+        log_u = np.log(mirror.random())
+        prop = dict(point)
+        prop["b"] = point["b"] + 0.01 * z[:2]
+        prop["a"] = np.array(point["a"] + 0.01 * z[2])
+        expected = log_u < logp(prop) - logp(point)
+        new, st = step.step(point)
+        assert st[0]["accepted"] == expected
+        assert np.allclose(new["b"], prop["b"] if expected else point["b"])
+        assert st[0]["frac_evals"] == 1.0
+
+
+def test_setup_chain_resets_tuning(linear):
+    model, _ = linear
+    with model:
+        step = RacingMetropolis([model["a"]], scaling=0.5, tune_interval=5, **RACE)
+    point = model.initial_point()
+    for _ in range(12):
+        point, _ = step.step(point)
+    assert step.scaling != 0.5
+    step.setup_chain(np.random.default_rng(0), tune=10, draws=10)
+    assert step.scaling == 0.5 and step.tune and step.n_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"delta": 0.0}, "delta"), ({"delta": 1.0}, "delta"), ({"proposal": "hmc"}, "proposal"),
+     ({"bound": "hoeffding"}, "bound"), ({"scaling": -1.0}, "scaling"),
+     ({"tune_interval": 0}, "tune_interval"), ({"exact_fraction": 2.0}, "exact_fraction"),
+     ({"target_accept": 1.5}, "target_accept")],
+)
+def test_bad_settings_raise(linear, kwargs, match):
+    model, _ = linear
+    with model, pytest.raises(ValueError, match=match):
+        RacingMetropolis([model["a"]], **kwargs)
+
+
+def test_discrete_variable_is_rejected():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(20))
+        q = pm.Categorical("q", p=np.ones(2) / 2)
+        pm.Normal("y", q, 1.0, observed=y_data)
+        with pytest.raises(ValueError, match="SubsampledCategoricalGibbs"):
+            RacingMetropolis([q])
