@@ -74,8 +74,11 @@ class RacingMetropolis(RacingStep):
     reward_range : float, optional
         Bound on the range of the per-observation terms (see
         :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
-    exact_fraction : float or "auto"
-        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
+    exact_fraction : float
+        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`. The default is
+        larger than the Gibbs step's: an accept test against :math:`\log u` is
+        often close, and MH is mostly used for expensive likelihoods, where a
+        gathered subset costs about as much per term as a full pass.
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
     target_accept : float, optional
@@ -118,7 +121,7 @@ class RacingMetropolis(RacingStep):
         data=None,
         audit_every: int = 0,
         reward_range: float | None = None,
-        exact_fraction: float = 1.0 / 64,
+        exact_fraction: float = 0.25,
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         model=None,

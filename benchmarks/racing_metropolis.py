@@ -1,0 +1,115 @@
+"""RacingMetropolis against pm.Metropolis and NUTS on logistic regression, same run.
+
+Logistic regression with d = 5 covariates (intercept included) and N in
+{1e5, 1e6}. Each sampler runs 2 chains with the same seed; reported: minimum
+bulk ESS over the coefficients, sampling time (``pm.sample``'s own,
+tuning included), ESS per second, per-observation terms evaluated during the
+kept draws (RacingMetropolis: its ``n_evals`` stat; pm.Metropolis: N per draw,
+the current point's log density being cached; NUTS: N per gradient
+evaluation, ``n_steps`` per draw), ESS per million terms and, for
+RacingMetropolis, the mean data fraction ``frac_evals`` and the audit error
+rate. Both Metropolis samplers use the same random-walk proposal and PyMC's
+scale tuning from the same initial scale.
+
+Writes ``docs/results/tables/racing_metropolis.md``. Run:
+``python benchmarks/racing_metropolis.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import arviz as az
+import numpy as np
+import pymc as pm
+
+from pymc_subsample import RacingMetropolis
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
+OUT = OUT / "racing_metropolis.md"
+
+
+def make_model(n_obs: int, seed: int = 0) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n_obs, 4))
+    beta = np.array([0.8, -0.5, 0.3, 0.0])
+    y = rng.binomial(1, 1 / (1 + np.exp(-(0.2 + x @ beta))))
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", y)
+        a = pm.Normal("a", 0, 3)
+        b = pm.Normal("b", 0, 3, shape=4)
+        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
+    return model
+
+
+def run(model, kind, draws, tune, seed=1):
+    with model:
+        if kind == "racing":
+            step = [RacingMetropolis([model["a"], model["b"]], scaling=0.01, audit_every=20)]
+        elif kind == "metropolis":
+            step = [pm.Metropolis([model["a"], model["b"]], scaling=0.01)]
+        else:
+            step = None
+        t0 = time.perf_counter()
+        idata = pm.sample(draws=draws, tune=tune, chains=2, step=step, random_seed=seed,
+                          progressbar=False, compute_convergence_checks=False)
+        wall = time.perf_counter() - t0
+    return idata, wall
+
+
+def row(label, n_obs, idata, wall):
+    ess = az.ess(idata, var_names=["a", "b"])
+    min_ess = float(min(float(ess[v].min()) for v in ("a", "b")))
+    seconds = float(idata["sample_stats"].attrs.get("sampling_time", wall))
+    ss = idata.sample_stats
+    if "n_evals" in ss:
+        evals = float(ss["n_evals"].sum())
+        frac = float(ss["frac_evals"].mean())
+        audits = ss["audit_agree"].values
+        err = float((audits[audits >= 0] == 0).mean()) if (audits >= 0).any() else np.nan
+    elif "n_steps" in ss:
+        evals, frac, err = float(ss["n_steps"].sum()) * n_obs, np.nan, np.nan
+    else:
+        evals, frac, err = float(ss["accepted"].size) * n_obs, np.nan, np.nan
+    return dict(sampler=label, N=n_obs, ess=min_ess, seconds=seconds, ess_s=min_ess / seconds,
+                evals=evals, ess_per_m=min_ess / evals * 1e6, frac=frac, audit_err=err)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 1e5 only, fewer draws")
+    args = parser.parse_args()
+    plan = {100_000: (1000, 500, 300)} if not args.quick else {100_000: (300, 300, 150)}
+    if not args.quick:
+        plan[1_000_000] = (600, 400, 150)
+    rows = []
+    for n_obs, (draws, tune, nuts_draws) in plan.items():
+        model = make_model(n_obs)
+        for label, kind, d, t in [("RacingMetropolis", "racing", draws, tune),
+                                  ("pm.Metropolis", "metropolis", draws, tune),
+                                  ("NUTS", "nuts", nuts_draws, nuts_draws)]:
+            print(f"N={n_obs:.0e}: {label}, {d} draws + {t} tune, 2 chains ...", flush=True)
+            idata, wall = run(model, kind, d, t)
+            r = row(label, n_obs, idata, wall)
+            rows.append(r)
+            print(f"  min ESS {r['ess']:.0f}, {r['seconds']:.1f} s, ESS/s {r['ess_s']:.2f}, "
+                  f"ESS per 1e6 terms {r['ess_per_m']:.3f}, data fraction {r['frac']:.3f}",
+                  flush=True)
+    lines = ["# RacingMetropolis vs pm.Metropolis and NUTS (logistic regression, d = 5)", "",
+             "Regenerate with `python benchmarks/racing_metropolis.py`. Same run, 2 chains.", "",
+             "| N | sampler | min ESS | seconds | ESS/s | terms evaluated | ESS per 10⁶ terms "
+             "| data fraction | audit error rate |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['N']:.0e} | {r['sampler']} | {r['ess']:.0f} | {r['seconds']:.1f} | "
+                     f"{r['ess_s']:.2f} | {r['evals']:.3g} | {r['ess_per_m']:.3f} | "
+                     f"{r['frac']:.3f} | {r['audit_err']:.3f} |")
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text("\n".join(lines) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
