@@ -54,8 +54,15 @@ def run(model, kind, draws, tune, seed=1):
         else:
             step = None
         t0 = time.perf_counter()
-        idata = pm.sample(draws=draws, tune=tune, chains=2, step=step, random_seed=seed,
-                          progressbar=False, compute_convergence_checks=False)
+        idata = pm.sample(
+            draws=draws,
+            tune=tune,
+            chains=2,
+            step=step,
+            random_seed=seed,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
         wall = time.perf_counter() - t0
     return idata, wall
 
@@ -74,8 +81,17 @@ def row(label, n_obs, idata, wall):
         evals, frac, err = float(ss["n_steps"].sum()) * n_obs, np.nan, np.nan
     else:
         evals, frac, err = float(ss["accepted"].size) * n_obs, np.nan, np.nan
-    return dict(sampler=label, N=n_obs, ess=min_ess, seconds=seconds, ess_s=min_ess / seconds,
-                evals=evals, ess_per_m=min_ess / evals * 1e6, frac=frac, audit_err=err)
+    return dict(
+        sampler=label,
+        N=n_obs,
+        ess=min_ess,
+        seconds=seconds,
+        ess_s=min_ess / seconds,
+        evals=evals,
+        ess_per_m=min_ess / evals * 1e6,
+        frac=frac,
+        audit_err=err,
+    )
 
 
 def main():
@@ -88,24 +104,35 @@ def main():
     rows = []
     for n_obs, (draws, tune, nuts_draws) in plan.items():
         model = make_model(n_obs)
-        for label, kind, d, t in [("RacingMetropolis", "racing", draws, tune),
-                                  ("pm.Metropolis", "metropolis", draws, tune),
-                                  ("NUTS", "nuts", nuts_draws, nuts_draws)]:
+        for label, kind, d, t in [
+            ("RacingMetropolis", "racing", draws, tune),
+            ("pm.Metropolis", "metropolis", draws, tune),
+            ("NUTS", "nuts", nuts_draws, nuts_draws),
+        ]:
             print(f"N={n_obs:.0e}: {label}, {d} draws + {t} tune, 2 chains ...", flush=True)
             idata, wall = run(model, kind, d, t)
             r = row(label, n_obs, idata, wall)
             rows.append(r)
-            print(f"  min ESS {r['ess']:.0f}, {r['seconds']:.1f} s, ESS/s {r['ess_s']:.2f}, "
-                  f"ESS per 1e6 terms {r['ess_per_m']:.3f}, data fraction {r['frac']:.3f}",
-                  flush=True)
-    lines = ["# RacingMetropolis vs pm.Metropolis and NUTS (logistic regression, d = 5)", "",
-             "Regenerate with `python benchmarks/racing_metropolis.py`. Same run, 2 chains.", "",
-             "| N | sampler | min ESS | seconds | ESS/s | terms evaluated | ESS per 10⁶ terms "
-             "| data fraction | audit error rate |", "|---|---|---|---|---|---|---|---|---|"]
+            print(
+                f"  min ESS {r['ess']:.0f}, {r['seconds']:.1f} s, ESS/s {r['ess_s']:.2f}, "
+                f"ESS per 1e6 terms {r['ess_per_m']:.3f}, data fraction {r['frac']:.3f}",
+                flush=True,
+            )
+    lines = [
+        "# RacingMetropolis vs pm.Metropolis and NUTS (logistic regression, d = 5)",
+        "",
+        "Regenerate with `python benchmarks/racing_metropolis.py`. Same run, 2 chains.",
+        "",
+        "| N | sampler | min ESS | seconds | ESS/s | terms evaluated | ESS per 10⁶ terms "
+        "| data fraction | audit error rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['N']:.0e} | {r['sampler']} | {r['ess']:.0f} | {r['seconds']:.1f} | "
-                     f"{r['ess_s']:.2f} | {r['evals']:.3g} | {r['ess_per_m']:.3f} | "
-                     f"{r['frac']:.3f} | {r['audit_err']:.3f} |")
+        lines.append(
+            f"| {r['N']:.0e} | {r['sampler']} | {r['ess']:.0f} | {r['seconds']:.1f} | "
+            f"{r['ess_s']:.2f} | {r['evals']:.3g} | {r['ess_per_m']:.3f} | "
+            f"{r['frac']:.3f} | {r['audit_err']:.3f} |"
+        )
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -37,8 +37,14 @@ def linear():
         b = pm.Normal("b", 0, 5, shape=2)
         a = pm.Normal("a", 0, 5)
         pm.Normal("y", a + x_data @ b, 1.0, observed=y_data)
-        nuts = pm.sample(500, tune=500, chains=2, random_seed=1, progressbar=False,
-                         compute_convergence_checks=False)
+        nuts = pm.sample(
+            500,
+            tune=500,
+            chains=2,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
     return model, nuts
 
 
@@ -46,8 +52,15 @@ def test_linear_regression_matches_nuts(linear):
     model, nuts = linear
     with model:
         step = RacingMetropolis([model["b"], model["a"]], scaling=0.01, **RACE)
-        idata = pm.sample(1500, tune=1000, step=[step], chains=2, random_seed=2,
-                          progressbar=False, compute_convergence_checks=False)
+        idata = pm.sample(
+            1500,
+            tune=1000,
+            step=[step],
+            chains=2,
+            random_seed=2,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
     assert_posteriors_agree(idata, nuts, ["a", "b"])
     ss = idata.sample_stats
     assert float(ss["frac_evals"].mean()) < 0.9  # the race saved work
@@ -66,11 +79,24 @@ def test_logistic_regression_matches_nuts():
         b = pm.Normal("b", 0, 3, shape=2)
         a = pm.Normal("a", 0, 3)
         pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
-        nuts = pm.sample(500, tune=500, chains=2, random_seed=4, progressbar=False,
-                         compute_convergence_checks=False)
+        nuts = pm.sample(
+            500,
+            tune=500,
+            chains=2,
+            random_seed=4,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
         step = RacingMetropolis([b, a], scaling=0.01, audit_every=10, **RACE)
-        idata = pm.sample(1000, tune=700, step=[step], chains=2, random_seed=5,
-                          progressbar=False, compute_convergence_checks=False)
+        idata = pm.sample(
+            1000,
+            tune=700,
+            step=[step],
+            chains=2,
+            random_seed=5,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
     assert_posteriors_agree(idata, nuts, ["a", "b"])
     audits = idata.sample_stats["audit_agree"].values
     done = audits >= 0
@@ -81,10 +107,23 @@ def test_logistic_regression_matches_nuts():
 def test_langevin_with_full_gradient_is_mala_and_matches_nuts(linear):
     model, nuts = linear
     with model:
-        step = RacingMetropolis([model["b"], model["a"]], proposal="langevin", scaling=0.005,
-                                gradient_batch=20_000, bound="exact", target_accept=0.574)
-        idata = pm.sample(800, tune=800, step=[step], chains=2, random_seed=6,
-                          progressbar=False, compute_convergence_checks=False)
+        step = RacingMetropolis(
+            [model["b"], model["a"]],
+            proposal="langevin",
+            scaling=0.005,
+            gradient_batch=20_000,
+            bound="exact",
+            target_accept=0.574,
+        )
+        idata = pm.sample(
+            800,
+            tune=800,
+            step=[step],
+            chains=2,
+            random_seed=6,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
     assert_posteriors_agree(idata, nuts, ["a", "b"])
     assert 0.35 < float(idata.sample_stats["accepted"].mean()) < 0.85
 
@@ -92,10 +131,22 @@ def test_langevin_with_full_gradient_is_mala_and_matches_nuts(linear):
 def test_langevin_racing_runs_and_tunes(linear):
     model, _ = linear
     with model:
-        step = RacingMetropolis([model["b"], model["a"]], proposal="langevin", scaling=0.005,
-                                gradient_batch=2000, **RACE)
-        idata = pm.sample(200, tune=600, step=[step], chains=1, random_seed=7,
-                          progressbar=False, compute_convergence_checks=False)
+        step = RacingMetropolis(
+            [model["b"], model["a"]],
+            proposal="langevin",
+            scaling=0.005,
+            gradient_batch=2000,
+            **RACE,
+        )
+        idata = pm.sample(
+            200,
+            tune=600,
+            step=[step],
+            chains=1,
+            random_seed=7,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
     acc = float(idata.sample_stats["accepted"].mean())
     assert 0.15 < acc < 0.6  # tuned towards 0.36
     assert np.isfinite(idata.posterior["a"].values).all()
@@ -139,10 +190,16 @@ def test_setup_chain_resets_tuning(linear):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"delta": 0.0}, "delta"), ({"delta": 1.0}, "delta"), ({"proposal": "hmc"}, "proposal"),
-     ({"bound": "hoeffding"}, "bound"), ({"scaling": -1.0}, "scaling"),
-     ({"tune_interval": 0}, "tune_interval"), ({"exact_fraction": 2.0}, "exact_fraction"),
-     ({"target_accept": 1.5}, "target_accept")],
+    [
+        ({"delta": 0.0}, "delta"),
+        ({"delta": 1.0}, "delta"),
+        ({"proposal": "hmc"}, "proposal"),
+        ({"bound": "hoeffding"}, "bound"),
+        ({"scaling": -1.0}, "scaling"),
+        ({"tune_interval": 0}, "tune_interval"),
+        ({"exact_fraction": 2.0}, "exact_fraction"),
+        ({"target_accept": 1.5}, "target_accept"),
+    ],
 )
 def test_bad_settings_raise(linear, kwargs, match):
     model, _ = linear

@@ -540,10 +540,11 @@ def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
     """Keep the arms whose elimination rests on a mean too skewed to be near-normal.
 
     Cochran's rule: the mean of ``n`` draws is close to normal once
-    ``n > 25 g1**2``; ``g1`` is estimated on the latest batch (of the
-    differences with the leader, in pairwise mode). Computed only for the arms
-    about to be dropped.
+    ``n > 25 g1**2``; ``g1`` is estimated on (at most 1024 observations of)
+    the latest batch, of the differences with the leader in pairwise mode.
+    Computed only for the arms about to be dropped.
     """
+    batch = batch[:, :: -(-batch.shape[1] // 1024)]  # a spread-out sample of <= 1024
     drop = np.flatnonzero(~keep)
     if pairwise:
         g1sq = _skewness_squared(batch[lead] - batch[drop])
