@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
-from .cost import choose_exact_after, fit_round_cost, median_seconds
 from .graph import ObservationTerms
 from .racing import sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -144,33 +143,11 @@ class SubsampledCategoricalGibbs(RacingStep):
         )
         self.vars = self.terms.vars
         self.n_categories = [_n_categories(model, v, initial_point) for v in self.vars]
-        if exact_fraction == "auto":
-            self.exact_after = self._calibrate(initial_point)
-        elif isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
-            self.exact_after = int(np.ceil(exact_fraction * self.terms.n_obs))
-        else:
-            raise ValueError(
-                f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
-            )
+        self.exact_after = self._resolve_exact_after(
+            exact_fraction, max(self.n_categories), initial_point
+        )
         self.blocked = blocked
         self.tune = False
-
-    def _calibrate(self, point) -> int:
-        """Time subset and exact evaluations at ``point``; return ``exact_after``."""
-        n_obs = self.terms.n_obs
-        if n_obs < 4 * self.batch_size:
-            return n_obs
-        n_cat = max(self.n_categories)
-        cands = [np.repeat(np.asarray(point[v.name])[None], n_cat, axis=0) for v in self.vars]
-        rng = np.random.default_rng(0)
-
-        def call_seconds(m):
-            idx = np.sort(rng.choice(n_obs, size=min(m, n_obs), replace=False))
-            return median_seconds(lambda: self.terms.subset(cands, idx, point))
-
-        exact = median_seconds(lambda: self.terms.totals(cands, point))
-        cost = fit_round_cost(call_seconds, n_cat, n_obs)
-        return choose_exact_after(n_obs, self.batch_size, cost, exact)
 
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""

@@ -74,7 +74,7 @@ class RacingMetropolis(RacingStep):
     reward_range : float, optional
         Bound on the range of the per-observation terms (see
         :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
-    exact_fraction : float
+    exact_fraction : float or "auto"
         See :class:`~pymc_subsample.SubsampledCategoricalGibbs`. The default is
         larger than the Gibbs step's: an accept test against :math:`\log u` is
         often close, and MH is mostly used for expensive likelihoods, where a
@@ -121,7 +121,7 @@ class RacingMetropolis(RacingStep):
         data=None,
         audit_every: int = 0,
         reward_range: float | None = None,
-        exact_fraction: float = 0.25,
+        exact_fraction: float | str = 0.25,
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         model=None,
@@ -159,9 +159,7 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(initial_point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         n_obs = self.terms.n_obs
-        if not (isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0):
-            raise ValueError(f"exact_fraction must lie in (0, 1], got {exact_fraction!r}")
-        self.exact_after = int(np.ceil(exact_fraction * n_obs))
+        self.exact_after = self._resolve_exact_after(exact_fraction, 2, initial_point)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:

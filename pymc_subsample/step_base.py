@@ -10,6 +10,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from scipy import stats
 
+from .cost import choose_exact_after, fit_round_cost, median_seconds
 from .racing.race import validate_race_args
 
 __all__ = ["AUDIT_DISAGREE", "AUDIT_NOT_RUN", "AUDIT_AGREE", "RacingStep", "RacingStepState"]
@@ -75,6 +76,30 @@ class RacingStep(BlockedStep):
                 UserWarning,
                 stacklevel=3,
             )
+
+    def _resolve_exact_after(self, exact_fraction, n_cands: int, point) -> int:
+        """Turn ``exact_fraction`` (a number in (0, 1] or "auto") into ``exact_after``."""
+        if isinstance(exact_fraction, str) and exact_fraction == "auto":
+            return self._calibrate(point, n_cands)
+        if isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
+            return int(np.ceil(exact_fraction * self.terms.n_obs))
+        raise ValueError(f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}")
+
+    def _calibrate(self, point, n_cands: int) -> int:
+        """Time subset and exact evaluations at ``point``; return ``exact_after``."""
+        n_obs = self.terms.n_obs
+        if n_obs < 4 * self.batch_size:
+            return n_obs
+        cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
+        rng = np.random.default_rng(0)
+
+        def call_seconds(m):
+            idx = np.sort(rng.choice(n_obs, size=min(m, n_obs), replace=False))
+            return median_seconds(lambda: self.terms.subset(cands, idx, point))
+
+        exact = median_seconds(lambda: self.terms.totals(cands, point))
+        cost = fit_round_cost(call_seconds, n_cands, n_obs)
+        return choose_exact_after(n_obs, self.batch_size, cost, exact)
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, draw counter) before a chain starts."""
