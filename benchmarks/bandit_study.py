@@ -134,12 +134,22 @@ def plot(rows, study_name, path, title):
                 continue
             d = np.array([r["delta"] for r in rs])
             err = np.array([r["error"] for r in rs])
-            se = np.array([r["se"] for r in rs])
-            axes[0, j].errorbar(
-                d, np.maximum(err, 1e-5), yerr=2 * se, marker="o", capsize=3, label=label
+            reps = np.array([r["reps"] for r in rs])
+            se = np.sqrt(np.maximum(err, 1e-12) * (1 - err) / reps)
+            seen = err > 0
+            line = axes[0, j].errorbar(
+                d[seen],
+                err[seen],
+                yerr=[np.minimum(2 * se[seen], 0.9 * err[seen]), 2 * se[seen]],
+                marker="o",
+                capsize=3,
+                label=label,
             )
+            # no error seen: mark the one-sided 95% upper bound 3/reps (rule of three)
+            axes[0, j].scatter(d[~seen], 3.0 / reps[~seen], marker="v", color=line[0].get_color())
             axes[1, j].plot(d, [r["frac"] for r in rs], marker="o", label=label)
         axes[0, j].plot(d, d, "k--", lw=1, label="error = δ")
+        axes[0, j].scatter([], [], marker="v", color="gray", label="no error seen: 95% bound")
         axes[0, j].set(
             xscale="log",
             yscale="log",
@@ -163,10 +173,63 @@ def plot(rows, study_name, path, title):
     plt.close(fig)
 
 
+def read_table(path):
+    """Rows of a table written by this script (to redraw the figures)."""
+    inverse = {v: k for k, v in ALGORITHMS.items()}
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 13 or cells[0] in ("study", "---"):
+            continue
+        rows.append(
+            dict(
+                study=cells[0],
+                dist=cells[1],
+                bound=inverse[cells[2]],
+                variance=cells[3],
+                D=int(cells[4]),
+                N=int(float(cells[5])),
+                sigma=float(cells[6]),
+                delta=float(cells[7]),
+                reps=int(cells[8]),
+                error=float(cells[9]),
+                se=float(cells[10]),
+                frac=float(cells[12]),
+            )
+        )
+    return rows
+
+
+FIGURES = [
+    ("D=10 σ=0.0001", "bandit_D10_sigma1e-4.png"),
+    ("D=10 σ=0.001", "bandit_D10_sigma1e-3.png"),
+    ("D=2", "bandit_D2.png"),
+    ("D=100", "bandit_D100.png"),
+    ("marginal", "bandit_marginal.png"),
+]
+
+
+def draw_figures(rows, n_obs):
+    figs = OUT / "figures"
+    figs.mkdir(parents=True, exist_ok=True)
+    for name, fname in FIGURES:
+        if any(r["study"] == name for r in rows):
+            plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
+            print(f"wrote {figs / fname}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="reduced study (< 5 min)")
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="redraw the figures from docs/results/tables/bandit_study.md",
+    )
     args = parser.parse_args()
+    if args.replot:
+        draw_figures(read_table(OUT / "tables" / "bandit_study.md"), 100_000)
+        return
 
     if args.quick:
         n_obs, sigma, deltas = 10_000, 1e-3, [0.01, 0.05, 0.1]
@@ -220,17 +283,7 @@ def main():
             )
         )
         return
-    figs = OUT / "figures"
-    figs.mkdir(parents=True, exist_ok=True)
-    for name, fname in [
-        ("D=10 σ=0.0001", "bandit_D10_sigma1e-4.png"),
-        ("D=10 σ=0.001", "bandit_D10_sigma1e-3.png"),
-        ("D=2", "bandit_D2.png"),
-        ("D=100", "bandit_D100.png"),
-        ("marginal", "bandit_marginal.png"),
-    ]:
-        plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
-        print(f"wrote {figs / fname}")
+    draw_figures(rows, n_obs)
     md = OUT / "tables" / "bandit_study.md"
     md.parent.mkdir(parents=True, exist_ok=True)
     md.write_text(

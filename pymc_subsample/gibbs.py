@@ -84,8 +84,11 @@ class SubsampledCategoricalGibbs(RacingStep):
         hard (diffuse) draw near that of an exact Gibbs draw. The default 1/64
         suits cheap terms (a fused pass is 10–50 times cheaper per term than a
         gathered subset); expensive terms (long linear predictors, special
-        functions) gain from larger values. ``1`` races on the whole doubling
-        schedule, as in the paper. ``"auto"`` times the model's subset and full
+        functions) gain from larger values. When the fraction leaves fewer
+        than three looks (:math:`fN < 4 m^{(1)}`), every draw is decided
+        exactly at once: so short a race cannot pay for its overhead. ``1``
+        races on the whole doubling schedule, as in the paper. ``"auto"`` times
+        the model's subset and full
         evaluations at construction and picks the largest look whose predicted
         race cost stays within 30% of an exact decision
         (:func:`~pymc_subsample.cost.choose_exact_after`); timings vary, so two

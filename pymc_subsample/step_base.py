@@ -82,7 +82,9 @@ class RacingStep(BlockedStep):
         if isinstance(exact_fraction, str) and exact_fraction == "auto":
             return self._calibrate(point, n_cands)
         if isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
-            return int(np.ceil(exact_fraction * self.terms.n_obs))
+            exact_after = int(np.ceil(exact_fraction * self.terms.n_obs))
+            # fewer than three looks cannot pay for the race's overhead: decide at once
+            return exact_after if exact_after >= 4 * self.batch_size else 0
         raise ValueError(f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}")
 
     def _calibrate(self, point, n_cands: int) -> int:

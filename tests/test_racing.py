@@ -31,8 +31,9 @@ def too_many_errors(errors, trials, delta, alpha=1e-3):
     return stats.binom.sf(errors - 1, trials, delta) < alpha
 
 
-def error_rate(dist, bound, variance, *, n_obs=2000, sigma=2e-3, delta=0.05, trials=300, seed=0):
-    n_arms = 10
+def error_rate(
+    dist, bound, variance, *, n_obs=2000, sigma=2e-3, delta=0.05, trials=300, seed=0, n_arms=10
+):
     table, log_p = bandit_population(dist, n_arms, n_obs, sigma, rng=seed)
     crange = float((table.max(axis=1) - table.min(axis=1)).max())
     rewards = table_rewards(table)
@@ -65,6 +66,15 @@ def test_error_rate_below_delta(dist, bound, variance):
     errors, frac = error_rate(dist, bound, variance, trials=trials)
     assert not too_many_errors(errors, trials, 0.05), (errors, trials)
     assert frac < 1.0  # the race saved something on this population
+
+
+@pytest.mark.parametrize("dist", ["normal", "lognormal"])
+def test_many_arms_batch_variance_error_rate_below_delta(dist):
+    # more than 16 arms: pairwise Racing-Normal estimates variances on the latest batch
+    trials = 200
+    errors, frac = error_rate(dist, "normal", "pairwise", n_arms=30, sigma=3e-3, trials=trials)
+    assert not too_many_errors(errors, trials, 0.05), errors
+    assert frac < 0.9
 
 
 @pytest.mark.parametrize("dist", ["normal", "lognormal"])

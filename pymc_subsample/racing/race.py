@@ -31,6 +31,7 @@ VARIANCES = ("pairwise", "marginal")
 RewardFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 _EXACT_CHUNK = 1 << 24  # rewards per call when evaluating a whole population
+_GRAM_LIMIT = 16  # above this many arms, pairwise Racing-Normal uses batch variances
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,11 @@ def race(
     variance : {"pairwise", "marginal"}
         Standard deviation of reward differences with the leader on shared
         indices (tighter when arms are positively correlated; cost
-        :math:`O(D^2 T)`), or of each arm alone (cost :math:`O(D T)`).
+        :math:`O(D^2 T)` for the running cross-products), or of each arm alone
+        (cost :math:`O(D T)`). With more than 16 arms, pairwise Racing-Normal
+        estimates the standard deviation of the differences with the current
+        leader on the latest batch (at least half of the observations drawn, by
+        the doubling) instead, at cost :math:`O(D T)`.
     rng : numpy.random.Generator or int, optional
         Source of the index draws.
     reward_range : float, optional
@@ -452,7 +457,10 @@ def _race_shared(
     if reward_range is not None:
         c_user = 2.0 * reward_range if pairwise else float(reward_range)
     stream = IndexStream(big_n, rng, reuse_stamps=True)
-    stats = _Stats(len(arms), pairwise)
+    # many arms: the D x D cross-products cost O(D^2) per observation; Racing-Normal then
+    # estimates the variance of the differences with the leader on the latest batch
+    batch_variance = pairwise and bound == "normal" and len(arms) > _GRAM_LIMIT
+    stats = _Stats(len(arms), pairwise and not batch_variance)
     alive = arms
     means = np.full(len(arms), np.nan)
     n_evals = 0
@@ -489,7 +497,9 @@ def _race_shared(
             break
         score = stats.mean + offsets[alive]
         lead = int(score.argmax())
-        if pairwise:
+        if batch_variance:
+            var = (batch[lead] - batch).var(axis=1)
+        elif pairwise:
             m2 = stats.m2
             var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) * (1.0 / size)
         else:
