@@ -285,11 +285,7 @@ def race(
         at :math:`N` (all remaining observations at once, an exact decision
         among the survivors). Useful when evaluating everything in one call is
         much cheaper per reward than gathering a large subset. The bounds are
-        computed for the truncated schedule. With ``exact_after`` set, a race
-        also goes exact at its next look as soon as some survivor would, at
-        the current estimates of gap and spread, need more than
-        ``4 * exact_after`` observations to be dropped (a near-tie): stopping
-        earlier only removes looks, so the error bound still holds.
+        computed for the truncated schedule.
     totals : callable, optional
         ``totals(arms)`` returns :math:`\sum_{n=1}^N l_{i,n}` for ``i in arms``
         in one call. When given, exact decisions (``bound="exact"``, and the
@@ -368,7 +364,6 @@ def race(
         arms,
         big_n,
         looks,
-        exact_after,
         delta,
         bound,
         variance,
@@ -440,7 +435,6 @@ def _race_shared(
     arms,
     big_n,
     looks,
-    exact_after,
     delta,
     bound,
     variance,
@@ -466,16 +460,12 @@ def _race_shared(
     # many arms: the D x D cross-products cost O(D^2) per observation; Racing-Normal then
     # estimates the variance of the differences with the leader on the latest batch
     batch_variance = pairwise and bound == "normal" and len(arms) > _GRAM_LIMIT
-    jump = False
     stats = _Stats(len(arms), pairwise and not batch_variance)
     alive = arms
     means = np.full(len(arms), np.nan)
     n_evals = 0
     n_rounds = 0
-    hopeless = 4 * exact_after if exact_after is not None else None
     for size in looks:
-        if jump:
-            size = big_n
         if size >= big_n and totals is not None and 2 * stream.n_drawn < big_n:
             # exact look after a truncated schedule: one fused pass over all data
             sums = _totals(rewards, totals, alive, big_n) + big_n * offsets[alive]
@@ -534,13 +524,6 @@ def _race_shared(
         keep[lead] = True
         if not keep.all() and bound == "normal" and skew_guard and c_user is None:
             keep = _cochran_guard(batch, lead, keep, pairwise, size)
-        if hopeless is not None:
-            # the look each survivor needs to be dropped, were the gap and spread to stay as
-            # estimated (widths fall like 1/sqrt(T)); far beyond exact_after, the race would
-            # end exactly anyway: go exact at the next look and save the rounds in between
-            gap = score[lead] - score
-            needed = size * (width / np.maximum(gap, 1e-300)) ** 2
-            jump = bool((needed[keep & (np.arange(len(keep)) != lead)] > hopeless).any())
         if not keep.all():
             means[alive[~keep]] = score[~keep]
             rows = np.flatnonzero(keep)
