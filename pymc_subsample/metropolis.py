@@ -81,6 +81,10 @@ class RacingMetropolis(RacingStep):
         gathered subset costs about as much per term as a full pass.
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
+    elemwise : bool
+        Random walk only: propose and race one dimension at a time (in random
+        order, each with its own tuned scale), as ``pm.Metropolis`` does for
+        vector variables. Default: one joint proposal for the whole block.
     target_accept : float, optional
         Acceptance rate the Langevin step size is tuned to (default 0.36, the
         paper's ARCH setting; gradient noise makes MALA's 0.574 too small a step).
@@ -89,17 +93,19 @@ class RacingMetropolis(RacingStep):
 
     Notes
     -----
-    Sampler stats per draw: ``accept`` (acceptance probability estimated from
-    the race's means; exact for exhausted races), ``accepted``, ``scaling``,
-    ``n_evals`` (per-observation terms evaluated, both points), ``frac_evals``
-    (``n_evals / (2N)``), ``exhausted`` and ``audit_agree`` (1/0, −1 when not
-    audited).
+    Sampler stats per draw (as ``pm.Metropolis``, means over the dimensions
+    when ``elemwise``): ``accept`` (acceptance probability estimated from the
+    race's means; exact for exhausted races), ``accepted`` (fraction of
+    proposals accepted), ``scaling``, ``n_evals`` (per-observation terms
+    evaluated, both points, all decisions), ``frac_evals`` (``n_evals`` over
+    :math:`2N` per decision), ``exhausted`` and ``audit_agree`` (1/0, −1 when
+    not audited).
     """
 
     name = "racing_metropolis"
     stats_dtypes_shapes = {
         "accept": (np.float64, []),
-        "accepted": (bool, []),
+        "accepted": (np.float64, []),
         "scaling": (np.float64, []),
         "n_evals": (np.int64, []),
         "frac_evals": (np.float64, []),
@@ -124,6 +130,7 @@ class RacingMetropolis(RacingStep):
         exact_fraction: float | str = 0.25,
         gradient_batch: int | None = None,
         target_accept: float | None = None,
+        elemwise: bool = False,
         model=None,
         rng=None,
         initial_point=None,
@@ -164,20 +171,25 @@ class RacingMetropolis(RacingStep):
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
+        if elemwise and proposal != "normal":
+            raise ValueError("elemwise=True needs proposal='normal' (Langevin moves all at once)")
+        self.elemwise = bool(elemwise)
         self.initial_scaling = float(scaling)
-        self.scaling = float(scaling)
         self.tune_interval = int(tune_interval)
         self.tune = True
         self.blocked = blocked
-        self._reset_tuning()
+        self.reset_tuning()
 
     def _reset_tuning(self) -> None:
         self.steps_until_tune = self.tune_interval
-        self.accepted_sum = 0
+        self.accepted_sum = np.zeros(sum(self._sizes) if self.elemwise else 1, dtype=int)
 
     def reset_tuning(self):
         """Restore the initial scale (PyMC calls this between runs)."""
-        self.scaling = self.initial_scaling
+        if self.elemwise:
+            self.scaling = np.full(sum(self._sizes), self.initial_scaling)
+        else:
+            self.scaling = self.initial_scaling
         self._reset_tuning()
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
@@ -212,81 +224,105 @@ class RacingMetropolis(RacingStep):
     # -- the step -------------------------------------------------------------------
 
     def step(self, point):
-        """One MH step with a racing accept test; return the new point and stats."""
+        """One MH step with a racing accept test; return the new point and stats.
+
+        With ``elemwise``, one random-walk decision per dimension, in random order.
+        """
         audit = self._audit_due()
-        n_obs = self.terms.n_obs
-        current = [np.asarray(point[v.name]) for v in self.vars]
-        x = self._flatten(current)
-        if self.proposal == "normal":
-            x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
+        x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
+        totals = {"n_evals": 0, "exhausted": False, "agree": True}
+        if self.elemwise:
+            accepted = np.zeros(len(x), dtype=bool)
+            accept = np.zeros(len(x))
+            for i in self.rng.permutation(len(x)):
+                x_new = x.copy()
+                x_new[i] += self.scaling[i] * self.rng.standard_normal()
+                accepted[i], accept[i] = self._decide(x, x_new, 0.0, 0.0, point, audit, totals)
+                if accepted[i]:
+                    x = x_new
         else:
-            x_new, lq_fwd, lq_rev = langevin_proposal(
-                x, self.scaling, self._gradient_fn(point), self.rng
-            )
-        proposed = self._split(x_new)
-        cands = [np.stack([c, p]) for c, p in zip(current, proposed, strict=True)]
-        log_f0 = self.terms.exact(cands, point)
-        log_u = float(np.log(self.rng.random()))
-        stats = {"n_evals": 0, "exhausted": False, "audit_agree": AUDIT_NOT_RUN}
-        if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
-            accepted, accept = False, 0.0
-        else:
-            offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
-
-            def rewards(arms, idx):
-                return self.terms.terms([c[arms] for c in cands], idx, point)
-
-            def totals(arms):
-                return self.terms.totals([c[arms] for c in cands], point)
-
-            res = race(
-                rewards,
-                2,
-                n_obs,
-                delta=self.delta,
-                bound=self.bound,
-                batch_size=self.batch_size,
-                variance="pairwise",
-                rng=self.rng,
-                reward_range=self.reward_range,
-                offsets=offsets,
-                exact_after=self.exact_after,
-                totals=totals,
-            )
-            accepted = res.winner == 1
-            accept = np.nan
-            if res.means is not None and np.isfinite(res.means).all():
-                log_ratio = n_obs * (res.means[1] - res.means[0]) + log_u
-                accept = float(np.exp(min(0.0, log_ratio)))
-            stats.update(n_evals=res.n_evaluations, exhausted=res.exhausted)
-            if audit:
-                exact = race(rewards, 2, n_obs, bound="exact", offsets=offsets, totals=totals)
-                agree = exact.winner == res.winner
-                self._record_audit(agree)
-                stats["audit_agree"] = AUDIT_AGREE if agree else AUDIT_DISAGREE
-        stats.update(
-            accept=accept,
-            accepted=accepted,
-            scaling=self.scaling,
-            frac_evals=stats["n_evals"] / (2.0 * n_obs),
-            tune=self.tune,
-        )
+            if self.proposal == "normal":
+                x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
+            else:
+                x_new, lq_fwd, lq_rev = langevin_proposal(
+                    x, self.scaling, self._gradient_fn(point), self.rng
+                )
+            ok, acc = self._decide(x, x_new, lq_fwd, lq_rev, point, audit, totals)
+            accepted, accept = np.array([ok]), np.array([acc])
+            if ok:
+                x = x_new
+        stats = {
+            "accept": float(np.mean(accept)),
+            "accepted": float(np.mean(accepted)),
+            "scaling": float(np.mean(self.scaling)),
+            "n_evals": totals["n_evals"],
+            "frac_evals": totals["n_evals"] / (2.0 * self.terms.n_obs * len(accepted)),
+            "exhausted": totals["exhausted"],
+            "audit_agree": (AUDIT_AGREE if totals["agree"] else AUDIT_DISAGREE)
+            if audit
+            else AUDIT_NOT_RUN,
+            "tune": self.tune,
+        }
         if self.tune:
             self._tune_step(accepted)
-        if accepted:
+        if accepted.any():
             point = dict(point)
-            for v, value in zip(self.vars, proposed, strict=True):
+            for v, value in zip(self.vars, self._split(x), strict=True):
                 point[v.name] = value
         return point, [stats]
 
-    def _tune_step(self, accepted: bool) -> None:
-        self.accepted_sum += int(accepted)
+    def _decide(self, x, x_new, lq_fwd, lq_rev, point, audit, totals) -> tuple[bool, float]:
+        """Race the MH test from flat ``x`` to ``x_new``; return (accepted, accept prob.)."""
+        n_obs = self.terms.n_obs
+        cands = [np.stack([c, p]) for c, p in zip(self._split(x), self._split(x_new), strict=True)]
+        log_f0 = self.terms.exact(cands, point)
+        log_u = float(np.log(self.rng.random()))
+        if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
+            return False, 0.0
+        offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
+
+        def rewards(arms, idx):
+            return self.terms.terms([c[arms] for c in cands], idx, point)
+
+        def full_sums(arms):
+            return self.terms.totals([c[arms] for c in cands], point)
+
+        res = race(
+            rewards,
+            2,
+            n_obs,
+            delta=self.delta,
+            bound=self.bound,
+            batch_size=self.batch_size,
+            variance="pairwise",
+            rng=self.rng,
+            reward_range=self.reward_range,
+            offsets=offsets,
+            exact_after=self.exact_after,
+            totals=full_sums,
+        )
+        accepted = res.winner == 1
+        accept = np.nan
+        if res.means is not None and np.isfinite(res.means).all():
+            accept = float(np.exp(min(0.0, n_obs * (res.means[1] - res.means[0]) + log_u)))
+        totals["n_evals"] += res.n_evaluations
+        totals["exhausted"] |= res.exhausted
+        if audit:
+            exact = race(rewards, 2, n_obs, bound="exact", offsets=offsets, totals=full_sums)
+            agree = exact.winner == res.winner
+            self._record_audit(agree)
+            totals["agree"] &= agree
+        return accepted, accept
+
+    def _tune_step(self, accepted: np.ndarray) -> None:
+        self.accepted_sum = self.accepted_sum + accepted.astype(int)
         self.steps_until_tune -= 1
         if self.steps_until_tune > 0:
             return
         rate = self.accepted_sum / self.tune_interval
         if self.proposal == "normal":
-            self.scaling = float(pymc_tune(self.scaling, rate))
+            scaling = pymc_tune(self.scaling, rate)
         else:  # Robbins–Monro on log(eps) towards the target acceptance
-            self.scaling = float(self.scaling * np.exp(2.0 * (rate - self.target_accept)))
+            scaling = self.scaling * np.exp(2.0 * (rate - self.target_accept))
+        self.scaling = scaling if self.elemwise else float(np.squeeze(scaling))
         self._reset_tuning()

@@ -67,6 +67,23 @@ def test_linear_regression_matches_nuts(linear):
     assert 0.1 < float(ss["accepted"].mean()) < 0.7
 
 
+def test_elementwise_random_walk_matches_nuts(linear):
+    model, nuts = linear
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], scaling=0.01, elemwise=True, **RACE)
+        idata = pm.sample(
+            600,
+            tune=400,
+            step=[step],
+            chains=2,
+            random_seed=8,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert_posteriors_agree(idata, nuts, ["a", "b"])
+    assert step.scaling.shape == (3,)
+
+
 def test_logistic_regression_matches_nuts():
     rng = np.random.default_rng(3)
     n_obs = 20_000
@@ -199,6 +216,7 @@ def test_setup_chain_resets_tuning(linear):
         ({"tune_interval": 0}, "tune_interval"),
         ({"exact_fraction": 2.0}, "exact_fraction"),
         ({"target_accept": 1.5}, "target_accept"),
+        ({"elemwise": True, "proposal": "langevin"}, "elemwise"),
     ],
 )
 def test_bad_settings_raise(linear, kwargs, match):
