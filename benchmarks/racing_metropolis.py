@@ -104,9 +104,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 1e5 only, fewer draws")
     args = parser.parse_args()
-    plan = {100_000: (1000, 500, 300)} if not args.quick else {100_000: (300, 300, 150)}
+    plan = {100_000: (600, 300, 200)} if not args.quick else {100_000: (300, 300, 150)}
     if not args.quick:
-        plan[1_000_000] = (600, 400, 150)
+        plan[1_000_000] = (200, 100, 100)
     rows = []
     for n_obs, (draws, tune, nuts_draws) in plan.items():
         model = make_model(n_obs)
