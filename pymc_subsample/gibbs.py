@@ -12,7 +12,7 @@ import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .graph import ObservationTerms
-from .racing import sample_categorical
+from .racing import RaceResult, sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = ["SubsampledCategoricalGibbs"]
@@ -152,6 +152,23 @@ class SubsampledCategoricalGibbs(RacingStep):
         self.blocked = blocked
         self.tune = False
 
+    @staticmethod
+    def _exact_draw(log_f0, totals, noise, n_obs):
+        """Exact Gumbel-max draw: argmax of log f0 + sum_n log f_n + noise, in one pass."""
+        feasible = np.flatnonzero(np.isfinite(log_f0))
+        score = np.full(len(log_f0), -np.inf)
+        score[feasible] = log_f0[feasible] + totals(feasible) + noise[feasible]
+        if np.isnan(score).any() or np.isposinf(score).any():
+            raise ValueError("the log-likelihood terms summed to NaN or +inf for some candidate")
+        if not np.isfinite(score).any():
+            raise ValueError(
+                "every candidate has a -inf log density: the conditional is zero everywhere "
+                "(check the model and the initial point)"
+            )
+        value = int(np.argmax(score))
+        n_evals = n_obs * len(feasible)
+        return value, RaceResult(value, n_evals, 1, True, n_obs, score / n_obs)
+
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""
         point = dict(point)
@@ -179,26 +196,28 @@ class SubsampledCategoricalGibbs(RacingStep):
                     return self.terms.totals([c[arms] for c in cands], point)
 
                 noise = self.rng.gumbel(size=n_cat)
-                value, res = sample_categorical(
-                    log_f0,
-                    rewards,
-                    n_obs,
-                    delta=self.delta,
-                    bound=self.bound,
-                    batch_size=self.batch_size,
-                    variance=self.variance,
-                    rng=self.rng,
-                    reward_range=self.reward_range,
-                    noise=noise,
-                    exact_after=self.exact_after,
-                    totals=totals,
-                )
-                if audit:
-                    exact, _ = sample_categorical(
-                        log_f0, rewards, n_obs, bound="exact", noise=noise, totals=totals
+                if self.exact_after == 0 or self.bound == "exact":
+                    # decided exactly at once: Gumbel-max on the fused totals
+                    value, res = self._exact_draw(log_f0, totals, noise, n_obs)
+                else:
+                    value, res = sample_categorical(
+                        log_f0,
+                        rewards,
+                        n_obs,
+                        delta=self.delta,
+                        bound=self.bound,
+                        batch_size=self.batch_size,
+                        variance=self.variance,
+                        rng=self.rng,
+                        reward_range=self.reward_range,
+                        noise=noise,
+                        exact_after=self.exact_after,
+                        totals=totals,
                     )
-                    self._record_audit(exact == value)
-                    agree &= exact == value
+                    if audit:
+                        exact, _ = self._exact_draw(log_f0, totals, noise, n_obs)
+                        self._record_audit(exact == value)
+                        agree &= exact == value
                 flat[k] = value
                 current[j] = flat.reshape(current[j].shape)
                 point[var.name] = current[j]
