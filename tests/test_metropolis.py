@@ -196,13 +196,16 @@ def test_exact_bound_makes_plain_mh_decisions(linear):
 def test_setup_chain_resets_tuning(linear):
     model, _ = linear
     with model:
-        step = RacingMetropolis([model["a"]], scaling=0.5, tune_interval=5, **RACE)
+        # a scale far above the posterior sd (0.007): every proposal is rejected,
+        # so PyMC's rule shrinks the scale tenfold after each interval
+        step = RacingMetropolis([model["a"]], scaling=5.0, tune_interval=5, rng=0, **RACE)
     point = model.initial_point()
+    point["a"] = np.array(0.2)
     for _ in range(12):
         point, _ = step.step(point)
-    assert step.scaling != 0.5
+    assert step.scaling < 5.0
     step.setup_chain(np.random.default_rng(0), tune=10, draws=10)
-    assert step.scaling == 0.5 and step.tune and step.n_steps == 0
+    assert step.scaling == 5.0 and step.tune and step.n_steps == 0
 
 
 @pytest.mark.parametrize(
