@@ -148,7 +148,7 @@ def main():
         "Regenerate with `python benchmarks/racing_metropolis.py`. Same run, 2 chains.",
         "",
         "| N | sampler | min ESS | seconds | ESS/s | terms evaluated | ESS per 10⁶ terms "
-        "| data fraction | audit error rate |",
+        "| data fraction | audited draws with a wrong decision |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
