@@ -21,8 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pymc_subsample.racing import sample_categorical
-from pymc_subsample.racing.synthetic import REWARD_DISTRIBUTIONS, bandit_population
+from pymc_subsample.racing.synthetic import (
+    REWARD_DISTRIBUTIONS,
+    bandit_population,
+    gumbel_race_errors,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results"
@@ -35,29 +38,18 @@ def run_setting(dist, bound, variance, n_arms, n_obs, sigma, delta, reps, seed):
     # tight C = max_{n,n'} (l_in - l_in') as in the paper (EBS bound, lil'UCB scale)
     crange = float((table.max(axis=1) - table.min(axis=1)).max())
 
-    def rewards(arms, idx):
-        return table[np.ix_(arms, idx)]
-
-    rng = np.random.default_rng(seed + 1000)
-    errors = 0
-    evals = 0
-    for _ in range(reps):
-        noise = rng.gumbel(size=n_arms)
-        x, res = sample_categorical(
-            np.zeros(n_arms),
-            rewards,
-            n_obs,
-            delta=delta,
-            bound=bound,
-            variance=variance,
-            batch_size=2 if bound == "ebs" else 50,
-            rng=rng,
-            noise=noise,
-            reward_range=None if bound == "normal" else crange,
-        )
-        errors += x != int(np.argmax(log_p + noise))
-        evals += res.n_evaluations
-    return errors, evals / (reps * n_arms * n_obs)
+    errors, evals = gumbel_race_errors(
+        table,
+        log_p,
+        reps,
+        np.random.default_rng(seed + 1000),
+        delta=delta,
+        bound=bound,
+        variance=variance,
+        batch_size=2 if bound == "ebs" else 50,
+        reward_range=None if bound == "normal" else crange,
+    )
+    return errors, evals.sum() / (reps * n_arms * n_obs)
 
 
 def study(settings, deltas, reps_for, log):

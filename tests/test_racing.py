@@ -12,7 +12,11 @@ from pymc_subsample.racing import (
     sample_categorical,
     union_threshold,
 )
-from pymc_subsample.racing.synthetic import bandit_population, rare_event_population
+from pymc_subsample.racing.synthetic import (
+    bandit_population,
+    gumbel_race_errors,
+    rare_event_population,
+)
 
 SHARED_BOUNDS = ["normal", "ebs", "lilucb"]
 
@@ -36,25 +40,17 @@ def error_rate(
 ):
     table, log_p = bandit_population(dist, n_arms, n_obs, sigma, rng=seed)
     crange = float((table.max(axis=1) - table.min(axis=1)).max())
-    rewards = table_rewards(table)
-    rng = np.random.default_rng(seed + 1)
-    errors, evals = 0, []
-    for _ in range(trials):
-        noise = rng.gumbel(size=n_arms)
-        x, res = sample_categorical(
-            np.zeros(n_arms),
-            rewards,
-            n_obs,
-            delta=delta,
-            bound=bound,
-            variance=variance,
-            rng=rng,
-            noise=noise,
-            reward_range=None if bound == "normal" else crange,
-        )
-        assert res.n_evaluations <= n_obs * n_arms
-        errors += x != int(np.argmax(log_p + noise))
-        evals.append(res.n_evaluations)
+    errors, evals = gumbel_race_errors(
+        table,
+        log_p,
+        trials,
+        np.random.default_rng(seed + 1),
+        delta=delta,
+        bound=bound,
+        variance=variance,
+        reward_range=None if bound == "normal" else crange,
+    )
+    assert evals.max() <= n_obs * n_arms
     return errors, np.mean(evals) / (n_obs * n_arms)
 
 

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["REWARD_DISTRIBUTIONS", "bandit_population", "rare_event_population"]
+__all__ = [
+    "REWARD_DISTRIBUTIONS",
+    "bandit_population",
+    "gumbel_race_errors",
+    "rare_event_population",
+]
 
 #: Reward distributions of the study.
 REWARD_DISTRIBUTIONS = ("normal", "uniform", "lognormal")
@@ -100,3 +105,51 @@ def rare_event_population(
     table[0, rng.choice(n_obs, size=n_events, replace=False)] = jump
     table[1] = 0.5 * jump * n_events / n_obs
     return table
+
+
+def gumbel_race_errors(
+    table: np.ndarray, log_p: np.ndarray, reps: int, rng: np.random.Generator, **race_kwargs
+) -> tuple[int, np.ndarray]:
+    r"""Count wrong Gumbel-max races on a reward table.
+
+    Each repetition draws Gumbel noise, races with
+    :func:`~pymc_subsample.racing.sample_categorical` and compares the result with
+    the exact :math:`\arg\max_i \log p(i) + \varepsilon_i` for the same noise.
+
+    Parameters
+    ----------
+    table : numpy.ndarray
+        Rewards :math:`\log f_n(i)`, shape ``(D, N)``.
+    log_p : numpy.ndarray
+        Row sums of ``table`` (the exact log target).
+    reps : int
+        Number of races.
+    rng : numpy.random.Generator
+        Source of the noise and of the index draws.
+    **race_kwargs
+        Passed to :func:`~pymc_subsample.racing.sample_categorical`.
+
+    Returns
+    -------
+    errors : int
+        Races whose result differs from the exact argmax.
+    evaluations : numpy.ndarray
+        Rewards drawn by each race.
+    """
+    from .gumbel import sample_categorical
+
+    n_arms, n_obs = table.shape
+
+    def rewards(arms, idx):
+        return table[np.ix_(arms, idx)]
+
+    errors = 0
+    evaluations = np.empty(reps, dtype=np.int64)
+    for r in range(reps):
+        noise = rng.gumbel(size=n_arms)
+        x, res = sample_categorical(
+            np.zeros(n_arms), rewards, n_obs, rng=rng, noise=noise, **race_kwargs
+        )
+        errors += x != int(np.argmax(log_p + noise))
+        evaluations[r] = res.n_evaluations
+    return errors, evaluations
