@@ -1,0 +1,371 @@
+r"""The pliable envelope: a kernel estimate of the target plus a uniform floor.
+
+Seed 002, Alg. 1 (eqs. 1–2) and App. B. From design points :math:`X_i`
+drawn from known densities :math:`q_i` (uniform on the box in Alg. 1, an
+initial proposal :math:`g` in App. B, earlier envelopes when refitting) with
+target values :math:`f(X_i)`, the importance-weighted Gaussian product-kernel
+estimate
+
+.. math:: \hat f_h(x) = \frac{1}{T}\sum_{i=1}^T \frac{f(X_i)}{q_i(X_i)} K_h(x - X_i)
+
+is unbiased for :math:`f * K_h`; with :math:`q_i = A^{-d}` it is eq. (1) of
+seed 002. The envelope is
+
+.. math:: E(x) = \kappa \hat F_h(c(x)) + r \quad (x \in \text{box}), \qquad
+          E(x) = M g(x) \quad (x \notin \text{box}),
+
+where :math:`\hat F_h(c)` is :math:`\hat f_h` tabulated at the centres of a
+regular grid of cells and maximized over each cell and its neighbours, so
+that a proposal costs :math:`O(1)` to draw and to evaluate (a departure from
+the paper, which evaluates the mixture of :math:`N` Gaussians: any envelope we
+can sample exactly is valid, and the tabulated one is much cheaper). The
+uniform floor :math:`r` is the paper's :math:`r_N` (eq. 2) and :math:`\kappa`
+a multiplicative margin. Sampling :math:`x \sim E / \int E` picks a cell with
+probability proportional to its mass (or the tail), then a uniform point in
+the cell (or a draw of :math:`g` outside the box).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage, optimize, signal
+from scipy.special import logsumexp
+
+from .proposal import ProductProposal
+
+__all__ = ["PliableEnvelope", "fit_envelope", "kernel_table", "paper_bandwidth", "paper_rate"]
+
+#: A cell or tail raised after a violation at :math:`x` is set to this multiple of :math:`f(x)`.
+VIOLATION_MARGIN = 1.5
+
+
+def paper_rate(n_points: int, dim: int, smoothness: float, delta: float) -> float:
+    r"""Return :math:`(\log(N/\delta)/N)^{s/(2s+d)}`, the rate of :math:`r_N` in eq. (2).
+
+    The paper's :math:`r_N = A^d H_C` times this rate (box volume :math:`A^d`
+    folded into the mean target value by the caller).
+    """
+    n = max(int(n_points), 2)
+    return float((np.log(n / delta) / n) ** (smoothness / (2 * smoothness + dim)))
+
+
+def paper_bandwidth(n_points: int, dim: int, smoothness: float, delta: float) -> float:
+    r"""Return :math:`h = (\log(N/\delta)/N)^{1/(2s+d)}` for a unit box (Alg. 1)."""
+    n = max(int(n_points), 2)
+    return float((np.log(n / delta) / n) ** (1.0 / (2 * smoothness + dim)))
+
+
+@dataclass
+class PliableEnvelope:
+    r"""A tabulated envelope :math:`E` that can be sampled exactly and evaluated in O(1).
+
+    Attributes
+    ----------
+    lo, hi : numpy.ndarray
+        The box, shape ``(d,)``.
+    log_cells : numpy.ndarray
+        :math:`\log E` on each grid cell, flat, C order over shape ``(G,) * d``.
+    n_cells : int
+        Cells per dimension :math:`G`.
+    tail : ProductProposal or None
+        :math:`g` outside the box (App. B); ``None`` for a bounded target.
+    log_m : float
+        :math:`\log M` of the tail.
+    bandwidth : numpy.ndarray
+        Kernel bandwidth per dimension of the fit.
+    kappa, r : float
+        Scale of the kernel estimate and uniform floor, relative to ``exp(log_shift)``.
+    log_shift : float
+        Reference log target value (the largest seen at fit time).
+    """
+
+    lo: np.ndarray
+    hi: np.ndarray
+    log_cells: np.ndarray
+    n_cells: int
+    tail: ProductProposal | None = None
+    log_m: float = -np.inf
+    bandwidth: np.ndarray | None = None
+    kappa: float = 1.0
+    r: float = 0.0
+    log_shift: float = 0.0
+
+    def __post_init__(self):
+        self.width = (self.hi - self.lo) / self.n_cells
+        self.log_cell_volume = float(np.sum(np.log(self.width)))
+        self._log_tail_box = self.tail.log_mass(self.lo, self.hi) if self.tail else 0.0
+        self._refresh()
+
+    @property
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return len(self.lo)
+
+    def _refresh(self) -> None:
+        """Recompute the cell and tail probabilities after ``log_cells`` or ``log_m`` changed."""
+        log_w = self.log_cells + self.log_cell_volume
+        log_grid = logsumexp(log_w)
+        log_tail = -np.inf
+        if self.tail is not None and np.isfinite(self.log_m):
+            log_tail = self.log_m + np.log1p(-min(np.exp(self._log_tail_box), 1.0 - 1e-300))
+        self.log_mass = float(np.logaddexp(log_grid, log_tail))
+        self._p_tail = float(np.exp(log_tail - self.log_mass))
+        self._cdf = np.cumsum(np.exp(log_w - log_grid))
+        self._cdf /= self._cdf[-1]
+
+    def cell_of(self, x: np.ndarray) -> np.ndarray:
+        """Flat cell index of each point, ``-1`` outside the box."""
+        rel = (x - self.lo) / self.width
+        inside = np.all((x >= self.lo) & (x <= self.hi), axis=1)
+        ij = np.clip(np.floor(rel).astype(np.int64), 0, self.n_cells - 1)
+        flat = np.ravel_multi_index(ij.T, (self.n_cells,) * self.dim)
+        return np.where(inside, flat, -1)
+
+    def log_value(self, x: np.ndarray) -> np.ndarray:
+        r"""Return :math:`\log E(x)` for points of shape ``(k, d)``."""
+        cell = self.cell_of(x)
+        out = np.full(len(x), -np.inf)
+        inside = cell >= 0
+        out[inside] = self.log_cells[cell[inside]]
+        if self.tail is not None and (~inside).any():
+            out[~inside] = self.log_m + self.tail.logpdf(x[~inside])
+        return out
+
+    def sample(self, k: int, rng: np.random.Generator) -> np.ndarray:
+        r"""Draw ``k`` points from :math:`E/\int E`, shape ``(k, d)``."""
+        n_tail = rng.binomial(k, self._p_tail) if self._p_tail > 0 else 0
+        cells = np.searchsorted(self._cdf, rng.random(k - n_tail), side="right")
+        cells = np.minimum(cells, len(self._cdf) - 1)
+        ij = np.column_stack(np.unravel_index(cells, (self.n_cells,) * self.dim))
+        x = self.lo + (ij + rng.random(ij.shape)) * self.width
+        if n_tail:
+            x = np.concatenate([x, self.tail.sample_outside(n_tail, self.lo, self.hi, rng)])
+            x = x[rng.permutation(k)]
+        return x
+
+    def cover(self, x: np.ndarray, log_f: np.ndarray, margin: float = VIOLATION_MARGIN) -> int:
+        r"""Raise :math:`E` to ``margin`` :math:`\times f` wherever :math:`f(x) > E(x)`.
+
+        Returns the number of points that were not covered.
+        """
+        bad = log_f > self.log_value(x)
+        if not bad.any():
+            return 0
+        cell = self.cell_of(x[bad])
+        target = log_f[bad] + np.log(margin)
+        inside = cell >= 0
+        np.maximum.at(self.log_cells, cell[inside], target[inside])
+        if (~inside).any():
+            ratio = target[~inside] - self.tail.logpdf(x[bad][~inside])
+            self.log_m = max(self.log_m, float(ratio.max()))
+        self._refresh()
+        return int(bad.sum())
+
+
+def kernel_table(
+    x: np.ndarray,
+    weights: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    n_cells: int,
+    bandwidth: np.ndarray,
+) -> np.ndarray:
+    r"""Tabulate :math:`\sum_i w_i K_h(c - X_i)` at the cell centres, maximized over neighbours.
+
+    Points are binned to their cell, the histogram is smoothed with a Gaussian
+    filter of standard deviation :math:`h/\Delta` cells (truncated at 4, mass
+    reflected at the box's faces so that the estimate has no boundary bias), and
+    each cell takes the largest value among itself and its :math:`3^d - 1`
+    neighbours so that the table bounds the estimate inside each cell. Points
+    outside the box are ignored. Returns shape ``(G,) * d``.
+    """
+    d = len(lo)
+    width = (hi - lo) / n_cells
+    inside = np.all((x >= lo) & (x <= hi), axis=1)
+    ij = np.clip(np.floor((x[inside] - lo) / width).astype(np.int64), 0, n_cells - 1)
+    flat = np.ravel_multi_index(ij.T, (n_cells,) * d)
+    hist = np.bincount(flat, weights=weights[inside], minlength=n_cells**d)
+    hist = hist.reshape((n_cells,) * d) / np.prod(width)
+    smooth = _gaussian_smooth(hist, bandwidth / width)
+    return ndimage.maximum_filter(np.maximum(smooth, 0.0), size=3, mode="nearest")
+
+
+def _gaussian_smooth(a: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
+    """Separable Gaussian filter (truncated at 4 sigma, reflecting faces) by FFT per axis."""
+    for axis, sigma in enumerate(sigmas):
+        radius = int(4.0 * sigma + 0.5)
+        if radius < 1:
+            continue
+        k = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+        k /= k.sum()
+        pad = [(0, 0)] * a.ndim
+        pad[axis] = (radius, radius)
+        if radius >= a.shape[axis]:
+            padded = np.pad(a, pad, mode="constant")
+        else:
+            padded = np.pad(a, pad, mode="symmetric")
+        shape = [1] * a.ndim
+        shape[axis] = len(k)
+        a = signal.fftconvolve(padded, k.reshape(shape), mode="valid", axes=axis)
+    return a
+
+
+def _scales(f_held, table_held, mass_table, volume, r_floor) -> tuple[float, float, float]:
+    r"""Smallest envelope :math:`\kappa \hat F + r` covering held-out points.
+
+    Minimizes :math:`\kappa \int \hat F + r V` subject to
+    :math:`\kappa \hat F(X_j) + r \ge f(X_j)`, :math:`\kappa \ge 0`,
+    :math:`r \ge r_{floor}`: for fixed :math:`\kappa` the best
+    :math:`r = \max(r_{floor}, \max_j f(X_j) - \kappa \hat F(X_j))`, and the
+    objective is convex and piecewise linear in :math:`\kappa`, minimized by a
+    bounded scalar search. Returns ``(kappa, r, mass)``.
+    """
+    keep = f_held > 0
+    f_k, t_k = f_held[keep], table_held[keep]
+
+    def r_of(kappa):
+        return max(r_floor, float(np.max(f_k - kappa * t_k))) if keep.any() else r_floor
+
+    def mass(kappa):
+        return kappa * mass_table + r_of(kappa) * volume
+
+    positive = t_k > 0
+    k_max = float(np.max(f_k[positive] / t_k[positive])) if positive.any() else 1.0
+    res = optimize.minimize_scalar(
+        mass, bounds=(0.0, k_max), method="bounded", options={"xatol": 1e-4 * k_max}
+    )
+    kappa = min((0.0, float(res.x), k_max), key=mass)
+    return kappa, r_of(kappa), mass(kappa)
+
+
+def fit_envelope(
+    x: np.ndarray,
+    log_f: np.ndarray,
+    log_q: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    *,
+    n_cells: int,
+    smoothness: float,
+    delta: float,
+    rng: np.random.Generator,
+    envelope_scale: float | None = None,
+    tail: ProductProposal | None = None,
+    n_bandwidths: int = 7,
+) -> PliableEnvelope:
+    r"""Fit a :class:`PliableEnvelope` to evaluated design points.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        Design points, shape ``(T, d)``.
+    log_f : numpy.ndarray
+        :math:`\log f(X_i)` (unnormalized, may be ``-inf``).
+    log_q : numpy.ndarray
+        :math:`\log q_i(X_i)`, the density each point was drawn from.
+    lo, hi : numpy.ndarray
+        The box on which the kernel estimate is tabulated.
+    n_cells : int
+        Grid cells per dimension.
+    smoothness, delta : float
+        :math:`s` and :math:`\delta` of Alg. 1: they set the paper's bandwidth
+        :math:`h_0 = (\log(T/\delta)/T)^{1/(2s+d)}` (times the box side) and the
+        floor rate :math:`\rho_T = (\log(T/\delta)/T)^{s/(2s+d)}`.
+    rng : numpy.random.Generator
+        Splits the points into two folds.
+    envelope_scale : float, optional
+        The paper's :math:`H_C` in units of the mean target value
+        :math:`\bar f = \hat Z / V`: the envelope is then exactly
+        :math:`\hat F_{h_0} + H_C \bar f \rho_T` (eq. 2). ``None`` (default)
+        chooses the bandwidth, :math:`\kappa` and :math:`r` from the points:
+        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 7`, the points are
+        split into two folds, the estimate of each fold must cover the other
+        fold's values (:math:`\kappa \hat F(X_j) + r \ge f(X_j)`, a linear
+        program in :math:`(\kappa, r)` with :math:`r \ge \bar f \rho_T`), and the
+        bandwidth with the smallest envelope mass wins (the search stops after
+        two bandwidths worse than the best).
+    tail : ProductProposal, optional
+        :math:`g` for the region outside the box (App. B).
+    n_bandwidths : int
+        Number of bandwidths tried.
+
+    Returns
+    -------
+    PliableEnvelope
+        Raised, finally, so that :math:`E(X_i) \ge f(X_i)` at every design point.
+    """
+    t, d = x.shape
+    shift = float(np.max(log_f))
+    f = np.exp(log_f - shift)
+    w = np.exp(log_f - shift - log_q) / t
+    w[~np.isfinite(w)] = 0.0
+    side = hi - lo
+    volume = float(np.prod(side))
+    inside = np.all((x >= lo) & (x <= hi), axis=1)
+    f_bar = float(w[inside].sum()) / volume
+    rho = paper_rate(t, d, smoothness, delta)
+    h0 = side * paper_bandwidth(t, d, smoothness, delta)
+    width = side / n_cells
+    cell_volume = float(np.prod(width))
+
+    def table(h, mask):
+        return kernel_table(x[mask], w[mask] * t / mask.sum(), lo, hi, n_cells, h)
+
+    everything = np.ones(t, dtype=bool)
+    if envelope_scale is not None:
+        full = table(h0, everything)
+        best = (1.0, envelope_scale * f_bar * rho, h0, full)
+    else:
+        fold = rng.random(t) < 0.5
+        best = None
+        for j in range(n_bandwidths):
+            h = np.maximum(h0 * 2.0**-j, 0.5 * width)
+            ta, tb = table(h, fold), table(h, ~fold)
+            full = table(h, everything)
+            env_a = _lookup(ta, x, lo, width, n_cells)
+            env_b = _lookup(tb, x, lo, width, n_cells)
+            held = np.where(fold, env_b, env_a)
+            kappa, r, mass = _scales(
+                f[inside], held[inside], float(full.sum()) * cell_volume, volume, f_bar * rho
+            )
+            if best is None or mass < best[4]:
+                best = (kappa, r, h, full, mass)
+                worse = 0
+            else:
+                worse += 1
+            if worse == 2 or np.all(h <= 0.5 * width):
+                break
+    kappa, r, h, full = best[:4]
+    log_cells = np.log(kappa * full.ravel() + r) + shift
+    log_m = -np.inf
+    if tail is not None:
+        # M >= f/g at the design points outside the box (all points if none is outside)
+        finite = np.isfinite(log_f)
+        outside = ~inside & finite
+        use = outside if outside.any() else finite
+        log_m = float(np.max(log_f[use] - tail.logpdf(x[use]))) + np.log(VIOLATION_MARGIN)
+    env = PliableEnvelope(
+        lo=lo.copy(),
+        hi=hi.copy(),
+        log_cells=log_cells,
+        n_cells=n_cells,
+        tail=tail,
+        log_m=log_m,
+        bandwidth=h,
+        kappa=kappa,
+        r=r,
+        log_shift=shift,
+    )
+    env.cover(x, log_f)
+    return env
+
+
+def _lookup(table: np.ndarray, x: np.ndarray, lo, width, n_cells) -> np.ndarray:
+    """Table value at each point's cell (0 outside the box)."""
+    d = len(lo)
+    inside = np.all((x >= lo) & (x <= lo + width * n_cells), axis=1)
+    ij = np.clip(np.floor((x - lo) / width).astype(np.int64), 0, n_cells - 1)
+    vals = table.ravel()[np.ravel_multi_index(ij.T, (n_cells,) * d)]
+    return np.where(inside, vals, 0.0)
