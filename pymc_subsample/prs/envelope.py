@@ -156,7 +156,12 @@ class PliableEnvelope:
         cell = self.cell_of(x[bad])
         target = log_f[bad] + np.log(margin)
         inside = cell >= 0
-        np.maximum.at(self.log_cells, cell[inside], target[inside])
+        # the cell and its neighbours: f is rarely below the envelope at one cell only
+        shape = (self.n_cells,) * self.dim
+        ij = np.array(np.unravel_index(cell[inside], shape))
+        for offset in np.ndindex(*(3,) * self.dim):
+            nb = np.clip(ij + np.array(offset)[:, None] - 1, 0, self.n_cells - 1)
+            np.maximum.at(self.log_cells, np.ravel_multi_index(nb, shape), target[inside])
         if (~inside).any():
             ratio = target[~inside] - self.tail.logpdf(x[bad][~inside])
             self.log_m = max(self.log_m, float(ratio.max()))
@@ -250,7 +255,6 @@ def fit_envelope(
     n_cells: int,
     smoothness: float,
     delta: float,
-    rng: np.random.Generator,
     envelope_scale: float | None = None,
     tail: ProductProposal | None = None,
     n_bandwidths: int = 7,
@@ -273,17 +277,15 @@ def fit_envelope(
         :math:`s` and :math:`\delta` of Alg. 1: they set the paper's bandwidth
         :math:`h_0 = (\log(T/\delta)/T)^{1/(2s+d)}` (times the box side) and the
         floor rate :math:`\rho_T = (\log(T/\delta)/T)^{s/(2s+d)}`.
-    rng : numpy.random.Generator
-        Splits the points into two folds.
     envelope_scale : float, optional
         The paper's :math:`H_C` in units of the mean target value
         :math:`\bar f = \hat Z / V`: the envelope is then exactly
         :math:`\hat F_{h_0} + H_C \bar f \rho_T` (eq. 2). ``None`` (default)
         chooses the bandwidth, :math:`\kappa` and :math:`r` from the points:
-        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 7`, the points are
-        split into two folds, the estimate of each fold must cover the other
-        fold's values (:math:`\kappa \hat F(X_j) + r \ge f(X_j)`, a linear
-        program in :math:`(\kappa, r)` with :math:`r \ge \bar f \rho_T`), and the
+        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 7`, the leave-one-out
+        estimate must cover every point's value
+        (:math:`\kappa \hat F_{-i}(X_i) + r \ge f(X_i)`, a linear program in
+        :math:`(\kappa, r)` with :math:`r \ge \bar f \rho_T`), and the
         bandwidth with the smallest envelope mass wins (the search stops after
         two bandwidths worse than the best).
     tail : ProductProposal, optional
@@ -310,23 +312,20 @@ def fit_envelope(
     width = side / n_cells
     cell_volume = float(np.prod(width))
 
-    def table(h, mask):
-        return kernel_table(x[mask], w[mask] * t / mask.sum(), lo, hi, n_cells, h)
+    def table(h):
+        return kernel_table(x, w, lo, hi, n_cells, h)
 
-    everything = np.ones(t, dtype=bool)
     if envelope_scale is not None:
-        full = table(h0, everything)
+        full = table(h0)
         best = (1.0, envelope_scale * f_bar * rho, h0, full)
     else:
-        fold = rng.random(t) < 0.5
         best = None
         for j in range(n_bandwidths):
             h = np.maximum(h0 * 2.0**-j, 0.5 * width)
-            ta, tb = table(h, fold), table(h, ~fold)
-            full = table(h, everything)
-            env_a = _lookup(ta, x, lo, width, n_cells)
-            env_b = _lookup(tb, x, lo, width, n_cells)
-            held = np.where(fold, env_b, env_a)
+            full = table(h)
+            # leave-one-out: remove each point's own kernel peak w_i K_h(0) from its cell
+            own = w / np.prod(np.sqrt(2 * np.pi) * np.maximum(h, width / np.sqrt(2 * np.pi)))
+            held = np.maximum(_lookup(full, x, lo, width, n_cells) - own, 0.0)
             kappa, r, mass = _scales(
                 f[inside], held[inside], float(full.sum()) * cell_volume, volume, f_bar * rho
             )

@@ -249,7 +249,6 @@ class PliableRejectionSampler:
             n_cells=self.n_cells,
             smoothness=self.smoothness,
             delta=self.delta,
-            rng=self.rng,
             envelope_scale=self.envelope_scale,
             tail=self._g,
         )
@@ -280,7 +279,8 @@ class PliableRejectionSampler:
         while have < size:
             env = self.envelope
             rate = max(self._recent_rate(), 0.05)
-            k = int(min(max((size - have) / rate * 1.05 + 16, 64), 200_000))
+            # batches grow with the evaluations so far: a violation wastes the rest of one
+            k = int(min((size - have) / rate * 1.05 + 16, 1024 + self.n_evaluations // 16))
             x = env.sample(k, self.rng)
             log_e = env.log_value(x)
             log_f = self._evaluate(x)
@@ -308,7 +308,6 @@ class PliableRejectionSampler:
                     stacklevel=2,
                 )
                 out, have = [np.empty((0, self.dim))], 0
-                self._last = (k, 0)
                 continue
             acc = x[accept]
             self.n_accepted += len(acc)
