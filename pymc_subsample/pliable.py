@@ -1,0 +1,274 @@
+r"""PliableRejection: a PyMC step that draws a small block by pliable rejection sampling.
+
+Design (Tierney 1994, "Metropolized rejection"). Let :math:`\pi` be the
+block's full conditional and :math:`E` a pliable envelope
+(:func:`~pymc_subsample.prs.fit_envelope`, App. B of seed 002) built earlier,
+possibly for other values of the rest of the model. One step:
+
+1. Rejection-sample :math:`y` from :math:`E`: propose :math:`y \sim E/\int E`,
+   accept with probability :math:`\min(1, \pi(y)/E(y))`, repeat. Then
+   :math:`y \sim \min(\pi, E)`, independently of the current value :math:`x`.
+2. Move to :math:`y` with probability
+
+   .. math:: \alpha(x, y) = \min\Bigl(1, \frac{\pi(y)\,\min(\pi(x), E(x))}
+             {\pi(x)\,\min(\pi(y), E(y))}\Bigr),
+
+   else stay at :math:`x`.
+
+This kernel leaves :math:`\pi` invariant for **any** envelope :math:`E` that
+does not depend on :math:`x` (Tierney 1994, Sec. 2.3.4), so the step is exact
+whether or not :math:`E` still bounds the conditional after the other
+variables moved. Where :math:`E \ge \pi` everywhere, :math:`\alpha = 1` and the
+draws are i.i.d. exact draws of :math:`\pi`. If no proposal is accepted within
+``max_proposals`` the step stays put; that probability depends on :math:`E`
+and :math:`\pi` only, so invariance holds.
+
+The envelope is rebuilt from the current conditional at the first step of a
+chain, during tuning whenever the step count reaches a power of two, and once
+more when tuning ends; after tuning it is fixed (PyMC's convention for
+adaptation), unless ``rebuild="always"`` rebuilds it every step (exact too:
+it then depends on the rest of the model and fresh randomness only). A build
+finds the conditional's mode and curvature, takes a product of Student-t
+(4 d.o.f., scale twice the Laplace scale) as the initial proposal :math:`g`
+and runs the initial phase of EPRS from it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pymc.step_methods.compound import BlockedStep, Competence
+from pymc.util import get_random_generator
+from scipy import optimize, stats
+
+from .conditional import BlockConditional
+from .prs import PliableRejectionSampler
+
+__all__ = ["PliableRejection"]
+
+#: Grid cells per dimension of the step's envelopes (cheaper than the standalone default).
+_STEP_CELLS = {1: 1024, 2: 128, 3: 32}
+
+
+class PliableRejection(BlockedStep):
+    r"""Gibbs update of a small continuous block by Metropolized pliable rejection sampling.
+
+    Parameters
+    ----------
+    vars : list
+        Continuous variables of the block, total size at most ``max_dim``.
+    n_init : int, optional
+        Evaluations of the conditional per envelope build (default 1000 per
+        dimension).
+    smoothness, delta : float
+        As in :class:`~pymc_subsample.prs.PliableRejectionSampler`.
+    refine : bool
+        Unused by the step (each build is fresh); accepted for symmetry.
+    max_dim : int
+        Largest block size accepted (default 3).
+    rebuild : {"tune", "always"}
+        When to rebuild the envelope (see the module notes).
+    max_proposals : int
+        Proposals per step before the step gives up and stays put.
+    model, rng, initial_point, compile_kwargs, blocked
+        PyMC's step arguments.
+
+    Notes
+    -----
+    Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved),
+    ``n_evals`` (evaluations of the conditional this step, builds included),
+    ``accepted_first`` (the first proposal passed the rejection test),
+    ``envelope_violations`` (proposals with :math:`\pi > E` this step),
+    ``rebuilt`` and ``tune``.
+    """
+
+    name = "pliable_rejection"
+    stats_dtypes_shapes = {
+        "accept": (np.float64, []),
+        "accepted": (bool, []),
+        "n_evals": (np.int64, []),
+        "accepted_first": (bool, []),
+        "envelope_violations": (np.int64, []),
+        "rebuilt": (bool, []),
+        "tune": (bool, []),
+    }
+
+    def __init__(
+        self,
+        vars,
+        *,
+        n_init: int | None = None,
+        smoothness: float = 2.0,
+        delta: float = 0.01,
+        refine: bool = False,
+        max_dim: int = 3,
+        rebuild: str = "tune",
+        max_proposals: int = 10_000,
+        model=None,
+        rng=None,
+        initial_point=None,
+        compile_kwargs=None,
+        blocked: bool = True,
+    ):
+        import pymc as pm
+        from pymc.util import get_value_vars_from_user_vars
+
+        model = pm.modelcontext(model)
+        if initial_point is None:
+            initial_point = model.initial_point()
+        value_vars = get_value_vars_from_user_vars(vars, model)
+        for v in value_vars:
+            if not v.dtype.startswith("float"):
+                rv = model.values_to_rvs[v]
+                raise ValueError(
+                    f"PliableRejection draws continuous variables; {rv.name!r} is discrete "
+                    f"(dtype {v.dtype}): use SubsampledCategoricalGibbs or a PyMC Gibbs step"
+                )
+        if rebuild not in ("tune", "always"):
+            raise ValueError(f"rebuild must be 'tune' or 'always', got {rebuild!r}")
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+        self.conditional = BlockConditional(model, value_vars, initial_point, compile_kwargs)
+        self._start = self.conditional.flatten(initial_point)
+        self.vars = self.conditional.vars
+        self.dim = self.conditional.dim
+        if self.dim > max_dim or self.dim > 3:
+            raise ValueError(
+                f"the block has {self.dim} dimensions, above max_dim={max_dim} (at most 3): "
+                "rejection sampling needs a low-dimensional block; split it into smaller "
+                "blocks or use NUTS for it"
+            )
+        self.n_init = int(n_init or 1000 * self.dim)
+        if self.n_init < 10:
+            raise ValueError(f"n_init must be at least 10, got {n_init!r}")
+        self.smoothness = float(smoothness)
+        self.delta = float(delta)
+        self.refine = bool(refine)
+        self.rebuild = rebuild
+        self.max_proposals = int(max_proposals)
+        self.rng = get_random_generator(rng)
+        self.blocked = blocked
+        self.tune = True
+        self._reset()
+
+    def _reset(self) -> None:
+        self.envelope = None
+        self.n_steps = 0
+        self._rebuild_due = True
+        self._rate = 0.5
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """Reset per-chain state (rng, envelope, counters) before a chain starts."""
+        self.rng = get_random_generator(rng)
+        self.tune = tune > 0
+        self._reset()
+
+    def stop_tuning(self) -> None:
+        """End tuning; the next step builds the envelope that stays fixed afterwards."""
+        self.tune = False
+        self._rebuild_due = True
+
+    def reset_tuning(self) -> None:
+        """Forget the envelope (PyMC calls this before a run)."""
+        self._reset()
+
+    @staticmethod
+    def competence(var, has_grad):
+        """Never chosen automatically: assign it with ``step=``."""
+        return Competence.INCOMPATIBLE
+
+    # -- envelope -----------------------------------------------------------------
+
+    def _laplace(self, x0: np.ndarray, point: dict) -> tuple[np.ndarray, np.ndarray, int]:
+        """Mode and Laplace scale of the conditional (central differences, batched)."""
+        d = self.dim
+
+        def neg(z):
+            return -float(self.conditional(z[None, :], point)[0])
+
+        res = optimize.minimize(
+            neg, x0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6}
+        )
+        mode = res.x if np.isfinite(res.fun) else x0
+        n = int(res.nfev)
+        eye = np.eye(d)
+        eps = 1e-3 * np.maximum(1.0, np.abs(mode))
+        pts = np.concatenate([mode[None, :], mode + eye * eps, mode - eye * eps])
+        lp = self.conditional(pts, point)
+        n += len(pts)
+        curv = -(lp[1 : d + 1] + lp[d + 1 :] - 2 * lp[0]) / eps**2
+        scale = np.where(np.isfinite(curv) & (curv > 0), 1.0 / np.sqrt(np.abs(curv)), 1.0)
+        return mode, scale, n
+
+    def _build(self, x: np.ndarray, point: dict) -> int:
+        """Fit a new envelope to the conditional at ``point``; return evaluations used."""
+        # the envelope may depend on x only while adapting (PyMC's convention); a
+        # rebuild at every step must not, so it starts from the fixed initial value
+        start = self._start if self.rebuild == "always" else x
+        mode, scale, n = self._laplace(start, point)
+        g = [stats.t(df=4, loc=m, scale=2 * s) for m, s in zip(mode, scale, strict=True)]
+        sampler = PliableRejectionSampler(
+            lambda z: self.conditional(z, point),
+            proposal=g,
+            n_init=self.n_init,
+            smoothness=self.smoothness,
+            delta=self.delta,
+            rng=self.rng,
+            n_cells=_STEP_CELLS[self.dim],
+        )
+        self.envelope = sampler.envelope
+        self._rebuild_due = False
+        return n + sampler.n_evaluations
+
+    # -- the step ---------------------------------------------------------------------
+
+    def step(self, point):
+        """Draw the block from its conditional given the rest of ``point``."""
+        x = self.conditional.flatten(point)
+        n_evals, rebuilt = 0, False
+        if self._rebuild_due or self.rebuild == "always":
+            n_evals += self._build(x, point)
+            rebuilt = True
+        env = self.envelope
+        lp_x = float(self.conditional(x[None, :], point)[0])
+        n_evals += 1
+        y = None
+        violations, first, tried = 0, False, 0
+        while tried < self.max_proposals:
+            k = int(min(np.ceil(1.0 / max(self._rate, 1e-3)), self.max_proposals - tried))
+            cand = env.sample(k, self.rng)
+            log_e = env.log_value(cand)
+            lp = self.conditional(cand, point)
+            n_evals += k
+            ratio = lp - log_e
+            violations += int(np.sum(ratio > 0))
+            hit = np.flatnonzero(np.log(self.rng.random(k)) < np.minimum(ratio, 0.0))
+            if hit.size:
+                i = int(hit[0])
+                first = tried == 0 and i == 0
+                tried += i + 1
+                y, lp_y, log_e_y = cand[i], float(lp[i]), float(log_e[i])
+                break
+            tried += k
+        self._rate = 0.9 * self._rate + 0.1 * (1.0 / max(tried, 1))
+        self.n_steps += 1
+        if self.tune and (self.n_steps & (self.n_steps - 1)) == 0:
+            self._rebuild_due = True
+        accept, moved = 0.0, False
+        if y is not None:
+            log_e_x = float(env.log_value(x[None, :])[0])
+            log_alpha = (lp_y + min(lp_x, log_e_x)) - (lp_x + min(lp_y, log_e_y))
+            accept = float(np.exp(min(0.0, log_alpha))) if np.isfinite(lp_x) else 1.0
+            moved = bool(self.rng.random() < accept)
+        new = x if not moved else y
+        new_point = dict(point)
+        new_point.update(self.conditional.unflatten(new))
+        stats_ = {
+            "accept": accept,
+            "accepted": moved,
+            "n_evals": n_evals,
+            "accepted_first": first,
+            "envelope_violations": violations,
+            "rebuilt": rebuilt,
+            "tune": self.tune,
+        }
+        return new_point, [stats_]
