@@ -87,6 +87,8 @@ class BlockConditional:
 
         The other variables are read from ``point``. ``nan`` is returned as ``-inf``.
         """
-        others = [np.asarray(point[n], dtype=d) for n, d in zip(self._names, self._dtypes)]
+        others = [
+            np.asarray(point[n], dtype=d) for n, d in zip(self._names, self._dtypes, strict=True)
+        ]
         out = np.asarray(self._fn(np.ascontiguousarray(x, dtype=np.float64), *others), float)
         return np.where(np.isnan(out), -np.inf, out)
