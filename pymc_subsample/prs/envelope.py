@@ -257,7 +257,7 @@ def fit_envelope(
     delta: float,
     envelope_scale: float | None = None,
     tail: ProductProposal | None = None,
-    n_bandwidths: int = 7,
+    n_bandwidths: int = 12,
 ) -> PliableEnvelope:
     r"""Fit a :class:`PliableEnvelope` to evaluated design points.
 
@@ -282,7 +282,7 @@ def fit_envelope(
         :math:`\bar f = \hat Z / V`: the envelope is then exactly
         :math:`\hat F_{h_0} + H_C \bar f \rho_T` (eq. 2). ``None`` (default)
         chooses the bandwidth, :math:`\kappa` and :math:`r` from the points:
-        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 7`, the leave-one-out
+        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 12`, the leave-one-out
         estimate must cover every point's value
         (:math:`\kappa \hat F_{-i}(X_i) + r \ge f(X_i)`, a linear program in
         :math:`(\kappa, r)` with :math:`r \ge \bar f \rho_T`), and the

@@ -224,7 +224,7 @@ class PliableRejectionSampler:
                 "bounds or proposal cover its support, or raise n_init"
             )
         if self._box is None:
-            lo, hi = self._mass_box(x, log_f)
+            lo, hi = self._mass_box(x, log_f, log_q)
         self._lo, self._hi = lo, hi
         self._points = [x]
         self._log_f = [log_f]
@@ -232,10 +232,18 @@ class PliableRejectionSampler:
         self._fit(x, log_f, log_q)
         self._next_refit = 2 * t
 
-    def _mass_box(self, x, log_f) -> tuple[np.ndarray, np.ndarray]:
-        """App. B: the box where the initial points found mass, widened by half its span."""
-        heavy = log_f >= np.max(log_f) - 25.0
-        lo, hi = x[heavy].min(axis=0), x[heavy].max(axis=0)
+    def _mass_box(self, x, log_f, log_q) -> tuple[np.ndarray, np.ndarray]:
+        """App. B: the box of the weighted 1e-4 and 1 - 1e-4 quantiles, widened by half.
+
+        Weights are :math:`f/g` (importance weights of the initial draws).
+        """
+        w = np.exp(log_f - log_q - np.max(log_f - log_q))
+        lo, hi = np.empty(self.dim), np.empty(self.dim)
+        for k in range(self.dim):
+            order = np.argsort(x[:, k])
+            cum = np.cumsum(w[order]) / w.sum()
+            lo[k] = x[order[np.searchsorted(cum, 1e-4)], k]
+            hi[k] = x[order[min(np.searchsorted(cum, 1 - 1e-4), len(cum) - 1)], k]
         spread = np.maximum(hi - lo, 1e-3 * np.maximum(np.abs(lo) + np.abs(hi), 1.0))
         return lo - 0.5 * spread, hi + 0.5 * spread
 

@@ -1,0 +1,236 @@
+"""Pliable rejection sampling: exactness against known CDFs, acceptance floors, bad input.
+
+Draws from a rejection sampler with a valid envelope are i.i.d., so
+Kolmogorov–Smirnov and chi-square tests apply directly. Each test uses a fixed
+seed and a p-value threshold of 1e-3: a wrong sampler (a biased envelope, a
+missing Jacobian, a wrong proposal density) fails them by orders of magnitude.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from pymc_subsample.prs import PliableRejectionSampler, ProductProposal, default_n_init
+from pymc_subsample.prs.baselines import AStarSampler, simple_rejection
+from pymc_subsample.prs.targets import clutter_target, peakiness_target, sine_target
+
+P_MIN = 1e-3
+
+
+def mixture_logpdf(x):
+    """Bimodal 1-D target: 0.3 N(-2, 0.5^2) + 0.7 N(1.5, 1)."""
+    return np.logaddexp(
+        np.log(0.3) + stats.norm.logpdf(x[:, 0], -2, 0.5),
+        np.log(0.7) + stats.norm.logpdf(x[:, 0], 1.5, 1.0),
+    )
+
+
+def mixture_cdf(t):
+    return 0.3 * stats.norm.cdf(t, -2, 0.5) + 0.7 * stats.norm.cdf(t, 1.5, 1.0)
+
+
+def numeric_cdf(target):
+    """Normalized CDF of a 1-D Target by quadrature on a fine grid."""
+    lo, hi = target.bounds[0]
+    grid = np.linspace(lo, hi, 200_001)
+    dens = np.exp(target.logpdf(grid[:, None]))
+    cum = integrate.cumulative_trapezoid(dens, grid, initial=0.0)
+    cum /= cum[-1]
+    return lambda t: np.interp(t, grid, cum)
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_bimodal_1d_matches_cdf(refine):
+    s = PliableRejectionSampler(mixture_logpdf, [(-8, 8)], refine=refine, rng=1)
+    draws = s.rvs(20_000)
+    assert draws.shape == (20_000,)
+    assert stats.kstest(draws, mixture_cdf).pvalue > P_MIN
+    assert s.envelope_violations == 0
+
+
+def test_ks_detects_a_wrong_target():
+    """The KS check is sharp enough: draws of a shifted mixture fail it."""
+    s = PliableRejectionSampler(lambda x: mixture_logpdf(x - 0.1), [(-8, 8)], rng=1)
+    assert stats.kstest(s.rvs(20_000), mixture_cdf).pvalue < P_MIN
+
+
+@pytest.mark.parametrize("a", [2, 10])
+def test_peaky_boundary_target_matches_cdf(a):
+    target = peakiness_target(a)
+    s = PliableRejectionSampler(target.logpdf, target.bounds, rng=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a few small violations at x = 0
+        s.rvs(2_000)
+        draws = s.rvs(20_000)  # a later call: the envelope has settled
+    assert stats.kstest(draws, numeric_cdf(target)).pvalue > P_MIN
+
+
+def test_sine_2d_binned_chi_square():
+    """The 2-D sine target against its exact cell probabilities (closed-form CDF)."""
+    target = sine_target()
+    s = PliableRejectionSampler(target.logpdf, target.bounds, rng=3)
+    draws = s.rvs(40_000)
+    assert draws.shape == (40_000, 2)
+    edges = np.linspace(0, 1, 9)
+    marg = edges - np.sin(4 * np.pi * edges) / (4 * np.pi)  # CDF of 1 - cos(4 pi t)
+    p1 = np.diff(marg) / marg[-1]
+    expected = np.outer(p1, p1).ravel() * len(draws)
+    counts, _, _ = np.histogram2d(draws[:, 0], draws[:, 1], bins=[edges, edges])
+    chi2 = float(np.sum((counts.ravel() - expected) ** 2 / expected))
+    assert stats.chi2.sf(chi2, df=63) > P_MIN
+
+
+def test_unbounded_support_with_initial_proposal():
+    """App. B (EPRS): a heavy-tailed 1-D target drawn through a Student-t proposal."""
+    s = PliableRejectionSampler(
+        lambda x: stats.t.logpdf(x[:, 0], df=5, loc=3, scale=0.5),
+        proposal=stats.t(df=3, loc=0, scale=5),
+        rng=4,
+    )
+    draws = s.rvs(20_000)
+    assert stats.kstest(draws, stats.t(df=5, loc=3, scale=0.5).cdf).pvalue > P_MIN
+    assert s.acceptance_rate > 0.5
+
+
+def test_unbounded_2d_tail_is_used():
+    """A 2-D Gaussian through a product proposal: draws beyond the box come from M g."""
+    cov = np.array([[1.0, 0.6], [0.6, 1.0]])
+    target = stats.multivariate_normal(mean=[0, 1], cov=cov)
+    s = PliableRejectionSampler(
+        target.logpdf, proposal=[stats.t(df=3, scale=2), stats.t(df=3, loc=1, scale=2)], rng=5
+    )
+    draws = s.rvs(20_000)
+    # the Mahalanobis radius is chi-square with 2 degrees of freedom
+    z = np.linalg.solve(np.linalg.cholesky(cov), (draws - [0, 1]).T)
+    assert stats.kstest(np.sum(z**2, axis=0), stats.chi2(2).cdf).pvalue > P_MIN
+
+
+def test_acceptance_floors():
+    """Stated floors: Gaussian on [-6, 6], budget 1e5: >= 0.75, >= 0.85 with refine."""
+    for refine, floor in [(False, 0.75), (True, 0.85)]:
+        s = PliableRejectionSampler(
+            lambda x: -0.5 * x[:, 0] ** 2,
+            [(-6, 6)],
+            n_init=default_n_init(100_000, 1),
+            refine=refine,
+            rng=6,
+        )
+        while s.n_evaluations < 100_000:
+            s.rvs(5_000)
+        assert s.acceptance_rate > floor, (refine, s.acceptance_rate)
+
+
+def test_violations_are_detected_repaired_and_reported():
+    """A deliberately low envelope (tiny H_C) is violated; later calls are exact again."""
+    s = PliableRejectionSampler(mixture_logpdf, [(-8, 8)], envelope_scale=1e-4, rng=7, n_init=60)
+    with pytest.warns(RuntimeWarning, match="envelope was below the target"):
+        s.rvs(5_000)
+    assert s.envelope_violations > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        s.rvs(20_000)  # let the envelope settle
+        draws = s.rvs(20_000)  # exact if the envelope now bounds f (violations restart it)
+    assert stats.kstest(draws, mixture_cdf).pvalue > P_MIN
+
+
+def test_counters_and_buffer():
+    s = PliableRejectionSampler(mixture_logpdf, [(-8, 8)], rng=8, n_init=500)
+    assert s.n_evaluations == 500 and s.n_accepted == 0
+    a, b = s.rvs(10), s.rvs(0)
+    assert a.shape == (10,) and b.shape == (0,)
+    assert s.n_accepted >= 10
+    assert 0 < s.acceptance_rate < 1
+
+
+def test_reproducible():
+    a = PliableRejectionSampler(mixture_logpdf, [(-8, 8)], rng=9).rvs(100)
+    b = PliableRejectionSampler(mixture_logpdf, [(-8, 8)], rng=9).rvs(100)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_product_proposal_outside_draws():
+    g = ProductProposal([stats.norm(), stats.norm()])
+    rng = np.random.default_rng(0)
+    lo, hi = np.array([-1.0, -1.0]), np.array([1.0, 1.0])
+    x = g.sample_outside(20_000, lo, hi, rng)
+    assert not np.any(np.all((x >= lo) & (x <= hi), axis=1))
+    # compare with conditioning by brute force
+    y = g.sample(200_000, rng)
+    y = y[~np.all((y >= lo) & (y <= hi), axis=1)]
+    assert stats.ks_2samp(x[:, 0], y[:, 0]).pvalue > P_MIN
+    assert math.isclose(np.exp(g.log_mass(lo, hi)), (stats.norm.cdf(1) - stats.norm.cdf(-1)) ** 2)
+
+
+# -- baselines -------------------------------------------------------------------------
+
+
+def test_astar_is_exact_on_the_peaky_target():
+    target = peakiness_target(5)
+    a = AStarSampler(target, rng=10)
+    draws = np.array([a.draw() for _ in range(1_500)])[:, 0]
+    assert stats.kstest(draws, numeric_cdf(target)).pvalue > P_MIN
+    assert 0 < a.acceptance_rate < 1
+
+
+def test_astar_and_simple_rejection_on_clutter_1d():
+    target = clutter_target(1)
+    cdf = numeric_cdf(target)
+    a = AStarSampler(target, rng=11)
+    draws = np.array([a.draw() for _ in range(800)])[:, 0]
+    assert stats.kstest(draws, cdf).pvalue > P_MIN
+    x, n = simple_rejection(peakiness_target(2), 20_000, rng=12)
+    assert n == 20_000 and len(x) > 5_000
+    assert stats.kstest(x[:, 0], numeric_cdf(peakiness_target(2))).pvalue > P_MIN
+
+
+def test_prs_on_clutter_2d_matches_quadrature():
+    target = clutter_target(2)
+    s = PliableRejectionSampler(target.logpdf, target.bounds, refine=True, rng=13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        s.rvs(20_000)
+        draws = s.rvs(20_000)
+    grid = np.linspace(-8, 8, 801)
+    xx, yy = np.meshgrid(grid, grid, indexing="ij")
+    dens = np.exp(target.logpdf(np.column_stack([xx.ravel(), yy.ravel()]))).reshape(xx.shape)
+    marg = integrate.trapezoid(dens, grid, axis=1)
+    cum = integrate.cumulative_trapezoid(marg, grid, initial=0)
+    assert stats.kstest(draws[:, 0], lambda t: np.interp(t, grid, cum / cum[-1])).pvalue > P_MIN
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"bounds": [(1, 0)]}, "low < high"),
+        ({"bounds": [(0, np.inf)]}, "finite"),
+        ({"bounds": [(0, 1)] * 4}, "above the maximum"),
+        ({"bounds": [(0, 1)], "delta": 1.5}, "delta"),
+        ({"bounds": [(0, 1)], "smoothness": 3.0}, "smoothness"),
+        ({}, "exactly one"),
+        ({"bounds": [(0, 1)], "proposal": stats.norm()}, "exactly one"),
+        ({"bounds": [(0, 1)], "n_init": 3}, "n_init"),
+        ({"bounds": [(0, 1)], "envelope_scale": -1.0}, "envelope_scale"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PliableRejectionSampler(lambda x: np.zeros(len(x)), **kwargs)
+
+
+def test_bad_logpdf_raises():
+    with pytest.raises(ValueError, match="shape"):
+        PliableRejectionSampler(lambda x: np.zeros((len(x), 2)), [(0, 1)])
+    with pytest.raises(ValueError, match="NaN"):
+        PliableRejectionSampler(lambda x: np.full(len(x), np.nan), [(0, 1)])
+    with pytest.raises(ValueError, match="zero"):
+        PliableRejectionSampler(lambda x: np.full(len(x), -np.inf), [(0, 1)])
+    with pytest.raises(TypeError, match="callable"):
+        PliableRejectionSampler(np.zeros(3), [(0, 1)])
+    with pytest.raises(TypeError, match="scipy.stats"):
+        PliableRejectionSampler(lambda x: np.zeros(len(x)), proposal=[object()])
