@@ -37,6 +37,10 @@ from .proposal import ProductProposal
 
 __all__ = ["PliableEnvelope", "fit_envelope", "kernel_table", "paper_bandwidth", "paper_rate"]
 
+#: The fitted envelope must exceed every held-out value by this factor: the target
+#: between evaluated points (at a peak, say) is slightly higher than at them.
+COVER_MARGIN = 1.02
+
 #: A cell or tail raised after a violation at :math:`x` is set to this multiple of :math:`f(x)`.
 VIOLATION_MARGIN = 1.5
 
@@ -221,14 +225,14 @@ def _scales(f_held, table_held, mass_table, volume, r_floor) -> tuple[float, flo
     r"""Smallest envelope :math:`\kappa \hat F + r` covering held-out points.
 
     Minimizes :math:`\kappa \int \hat F + r V` subject to
-    :math:`\kappa \hat F(X_j) + r \ge f(X_j)`, :math:`\kappa \ge 0`,
-    :math:`r \ge r_{floor}`: for fixed :math:`\kappa` the best
+    :math:`\kappa \hat F(X_j) + r \ge c f(X_j)` (:math:`c` = ``COVER_MARGIN``),
+    :math:`\kappa \ge 0`, :math:`r \ge r_{floor}`: for fixed :math:`\kappa` the best
     :math:`r = \max(r_{floor}, \max_j f(X_j) - \kappa \hat F(X_j))`, and the
     objective is convex and piecewise linear in :math:`\kappa`, minimized by a
     bounded scalar search. Returns ``(kappa, r, mass)``.
     """
     keep = f_held > 0
-    f_k, t_k = f_held[keep], table_held[keep]
+    f_k, t_k = COVER_MARGIN * f_held[keep], table_held[keep]
 
     def r_of(kappa):
         return max(r_floor, float(np.max(f_k - kappa * t_k))) if keep.any() else r_floor
