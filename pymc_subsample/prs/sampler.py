@@ -23,6 +23,9 @@ __all__ = ["MAX_DIM", "PliableRejectionSampler", "default_n_init"]
 #: Largest dimension the tabulated envelope supports.
 MAX_DIM = 3
 
+#: With ``refine``, the envelope is refitted each time the evaluations grow by this factor.
+REFIT_FACTOR = 1.5
+
 #: Grid cells per dimension, by dimension (about 1e6 cells at most).
 _CELLS = {1: 4096, 2: 512, 3: 64}
 
@@ -67,7 +70,7 @@ class PliableRejectionSampler:
         the envelope from the initial evaluations.
     refine : bool
         Refit the envelope, by the same rule, on all evaluations so far each
-        time their number doubles (seed 002 §5): the weights :math:`f/q` of
+        time their number grows by half (seed 002 §5): the weights :math:`f/q` of
         points proposed from an envelope close to :math:`f` are nearly constant,
         so the estimate sharpens and acceptance rises toward 1.
     rng : int or numpy.random.Generator, optional
@@ -230,7 +233,7 @@ class PliableRejectionSampler:
         self._log_f = [log_f]
         self._log_q = [log_q]
         self._fit(x, log_f, log_q)
-        self._next_refit = 2 * t
+        self._next_refit = REFIT_FACTOR * t
 
     def _mass_box(self, x, log_f, log_q) -> tuple[np.ndarray, np.ndarray]:
         """App. B: the box of the weighted 1e-4 and 1 - 1e-4 quantiles, widened by half.
@@ -268,7 +271,7 @@ class PliableRejectionSampler:
         self._points, self._log_f, self._log_q = [x], [log_f], [log_q]
         self._fit(x, log_f, log_q)
         self.n_refits += 1
-        self._next_refit = 2 * self.n_evaluations
+        self._next_refit = REFIT_FACTOR * self.n_evaluations
 
     # -- sampling -----------------------------------------------------------------------
 
