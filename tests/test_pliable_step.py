@@ -23,13 +23,13 @@ def conjugate_posterior(y):
     return stats.norm(var * y.sum(), np.sqrt(var))
 
 
-def test_conjugate_posterior_is_exact_and_iid():
+@pytest.mark.parametrize("refine", [False, True])
+def test_conjugate_posterior_is_exact_and_iid(refine):
     """Normal mean with known variance: draws pass KS against the exact posterior."""
     y = np.random.default_rng(0).normal(1.5, 1, 40)
     with conjugate_model(y) as model:
-        idata = pm.sample(
-            draws=3000, tune=100, step=[PliableRejection([model["mu"]])], random_seed=1, **SAMPLE
-        )
+        step = [PliableRejection([model["mu"]], refine=refine)]
+        idata = pm.sample(draws=3000, tune=100, step=step, random_seed=1, **SAMPLE)
     draws = idata.posterior["mu"].values.ravel()
     assert stats.kstest(draws, conjugate_posterior(y).cdf).pvalue > P_MIN
     st = idata.sample_stats
@@ -122,3 +122,5 @@ def test_bad_input_raises():
             PliableRejection([z], rebuild="never")
         with pytest.raises(ValueError, match="delta"):
             PliableRejection([z], delta=0.0)
+        with pytest.raises(ValueError, match="max_proposals"):
+            PliableRejection([z], max_proposals=0)
