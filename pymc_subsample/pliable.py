@@ -28,9 +28,10 @@ chain, during tuning whenever the step count reaches a power of two, and once
 more when tuning ends; after tuning it is fixed (PyMC's convention for
 adaptation), unless ``rebuild="always"`` rebuilds it every step (exact too:
 it then depends on the rest of the model and fresh randomness only). A build
-finds the conditional's mode and curvature, takes a product of Student-t
-(4 d.o.f., scale twice the Laplace scale) as the initial proposal :math:`g`
-and runs the initial phase of EPRS from it.
+finds the conditional's modes and curvatures (Nelder–Mead from the initial
+value, the current value and the modes earlier builds found), takes a mixture
+of products of Student-t (2 d.o.f., 5 times the Laplace scale), one per mode, as
+the initial proposal :math:`g` and runs the initial phase of EPRS from it.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ from pymc.util import get_random_generator
 from scipy import optimize, stats
 
 from .conditional import BlockConditional
-from .prs import PliableRejectionSampler
+from .prs import MixtureProposal, PliableRejectionSampler
 
 __all__ = ["PliableRejection"]
 
 #: Grid cells per dimension of the step's envelopes (cheaper than the standalone default).
-_STEP_CELLS = {1: 1024, 2: 128, 3: 32}
+_STEP_CELLS = {1: 2048, 2: 256, 3: 48}
+
+#: Modes of the conditional remembered between builds (each one a proposal component).
+_MAX_MODES = 4
 
 
 class PliableRejection(BlockedStep):
@@ -155,6 +159,7 @@ class PliableRejection(BlockedStep):
 
     def _reset(self) -> None:
         self.envelope = None
+        self._modes = []
         self.n_steps = 0
         self._rebuild_due = True
         self._rate = 0.5
@@ -203,12 +208,33 @@ class PliableRejection(BlockedStep):
         return mode, scale, n
 
     def _build(self, x: np.ndarray, point: dict) -> int:
-        """Fit a new envelope to the conditional at ``point``; return evaluations used."""
-        # the envelope may depend on x only while adapting (PyMC's convention); a
-        # rebuild at every step must not, so it starts from the fixed initial value
-        start = self._start if self.rebuild == "always" else x
-        mode, scale, n = self._laplace(start, point)
-        g = [stats.t(df=4, loc=m, scale=2 * s) for m, s in zip(mode, scale, strict=True)]
+        """Fit a new envelope to the conditional at ``point``; return evaluations used.
+
+        Modes are searched from the initial value, from ``x`` and from the modes
+        found by earlier builds of this chain (a conditional's distant mode, once
+        visited, stays in the proposal); each mode contributes a Student-t
+        component to the initial proposal. With ``rebuild="always"`` the
+        envelope must not depend on ``x`` or the chain's past: only the initial
+        value is used.
+        """
+        if self.rebuild == "always":
+            starts = [self._start]
+        else:
+            starts = [x, self._start, *(m for m, _ in self._modes)]
+        modes, n = [], 0
+        for start in starts:
+            mode, scale, used = self._laplace(start, point)
+            n += used
+            if all(np.any(np.abs(mode - m) > 3 * sc) for m, sc in modes):
+                modes.append((mode, scale))
+        if self.rebuild != "always":
+            self._modes = modes[:_MAX_MODES]
+        g = MixtureProposal(
+            [
+                [stats.t(df=2, loc=m, scale=5 * s) for m, s in zip(mode, scale, strict=True)]
+                for mode, scale in modes[:_MAX_MODES]
+            ]
+        )
         sampler = PliableRejectionSampler(
             lambda z: self.conditional(z, point),
             proposal=g,
@@ -239,7 +265,7 @@ class PliableRejection(BlockedStep):
         y, lp_x = None, None
         violations, first, tried = 0, False, 0
         while tried < self.max_proposals:
-            k = int(min(np.ceil(1.0 / max(self._rate, 1e-3)), self.max_proposals - tried))
+            k = int(min(np.ceil(0.7 / max(self._rate, 1e-3)), self.max_proposals - tried))
             cand = env.sample(k, self.rng)
             log_e = env.log_value(cand)
             if lp_x is None:  # the current point rides along with the first proposals

@@ -124,3 +124,37 @@ def test_bad_input_raises():
             PliableRejection([z], delta=0.0)
         with pytest.raises(ValueError, match="max_proposals"):
             PliableRejection([z], max_proposals=0)
+
+
+def test_bimodal_posterior_mode_weights():
+    """2-D clutter posterior with two modes: the share of draws in each matches quadrature.
+
+    NUTS chains stay in the mode they start in; the step's proposal learns both
+    modes during tuning and its draws are i.i.d. across them.
+    """
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.uniform(-4, -2, (10, 2)), rng.uniform(2, 4, (10, 2))])
+    with pm.Model():
+        theta = pm.Normal("theta", 0.0, 10.0, shape=2)
+        comps = [
+            pm.MvNormal.dist(theta, cov=np.eye(2)),
+            pm.MvNormal.dist(np.zeros(2), cov=10.0 * np.eye(2)),
+        ]
+        pm.Mixture("x", w=[0.5, 0.5], comp_dists=comps, observed=x)
+        idata = pm.sample(
+            draws=3000, tune=200, step=[PliableRejection([theta])], random_seed=9, **SAMPLE
+        )
+    grid = np.linspace(-10, 10, 401)
+    t0, t1 = np.meshgrid(grid, grid, indexing="ij")
+    pts = np.column_stack([t0.ravel(), t1.ravel()])
+    log_post = stats.norm.logpdf(pts, 0, 10).sum(axis=1)
+    clutter = stats.multivariate_normal.logpdf(x, np.zeros(2), 10 * np.eye(2))
+    for xi, ci in zip(x, clutter, strict=True):
+        signal = stats.norm.logpdf(xi, pts, 1).sum(axis=1)
+        log_post += np.logaddexp(np.log(0.5) + signal, np.log(0.5) + ci)
+    post = np.exp(log_post - log_post.max())
+    p_exact = post[pts[:, 0] > 0].sum() / post.sum()
+    assert 0.1 < p_exact < 0.9  # two modes with real weight
+    draws = idata.posterior["theta"].values.reshape(-1, 2)
+    p_hat = np.mean(draws[:, 0] > 0)
+    assert abs(p_hat - p_exact) < 4 * np.sqrt(p_exact * (1 - p_exact) / len(draws))

@@ -234,3 +234,22 @@ def test_bad_logpdf_raises():
         PliableRejectionSampler(np.zeros(3), [(0, 1)])
     with pytest.raises(TypeError, match="scipy.stats"):
         PliableRejectionSampler(lambda x: np.zeros(len(x)), proposal=[object()])
+
+
+def test_mixture_proposal_outside_draws_and_mass():
+    from pymc_subsample.prs import MixtureProposal
+
+    g = MixtureProposal([[stats.norm(-3, 1)], [stats.t(df=2, loc=2, scale=0.5)]], [0.3, 0.7])
+    rng = np.random.default_rng(1)
+    lo, hi = np.array([-1.0]), np.array([2.5])
+    x = g.sample_outside(20_000, lo, hi, rng)
+    assert np.all((x < lo) | (x > hi))
+    y = g.sample(400_000, rng)
+    y = y[(y < lo) | (y > hi)]
+    assert stats.ks_2samp(x[:, 0], y).pvalue > P_MIN
+    inside = 0.3 * (stats.norm.cdf(2.5, -3) - stats.norm.cdf(-1, -3)) + 0.7 * (
+        stats.t.cdf(2.5, 2, 2, 0.5) - stats.t.cdf(-1, 2, 2, 0.5)
+    )
+    assert math.isclose(np.exp(g.log_mass(lo, hi)), inside, rel_tol=1e-9)
+    dens = 0.3 * stats.norm.pdf(0.5, -3) + 0.7 * stats.t.pdf(0.5, 2, 2, 0.5)
+    assert math.isclose(np.exp(g.logpdf(np.array([[0.5]]))[0]), dens, rel_tol=1e-9)

@@ -33,7 +33,7 @@ import numpy as np
 from scipy import ndimage, optimize, signal
 from scipy.special import logsumexp
 
-from .proposal import ProductProposal
+from .proposal import MixtureProposal, ProductProposal
 
 __all__ = ["PliableEnvelope", "fit_envelope", "kernel_table", "paper_bandwidth", "paper_rate"]
 
@@ -78,7 +78,7 @@ class PliableEnvelope:
         :math:`\log E` on each grid cell, flat, C order over shape ``(G,) * d``.
     n_cells : int
         Cells per dimension :math:`G`.
-    tail : ProductProposal or None
+    tail : ProductProposal, MixtureProposal or None
         :math:`g` outside the box (App. B); ``None`` for a bounded target.
     log_m : float
         :math:`\log M` of the tail.
@@ -94,7 +94,7 @@ class PliableEnvelope:
     hi: np.ndarray
     log_cells: np.ndarray
     n_cells: int
-    tail: ProductProposal | None = None
+    tail: ProductProposal | MixtureProposal | None = None
     log_m: float = -np.inf
     bandwidth: np.ndarray | None = None
     kappa: float = 1.0
@@ -265,7 +265,7 @@ def fit_envelope(
     smoothness: float,
     delta: float,
     envelope_scale: float | None = None,
-    tail: ProductProposal | None = None,
+    tail: ProductProposal | MixtureProposal | None = None,
     n_bandwidths: int = 12,
 ) -> PliableEnvelope:
     r"""Fit a :class:`PliableEnvelope` to evaluated design points.
@@ -298,7 +298,7 @@ def fit_envelope(
         ``FLOOR_SCALE``), and the
         bandwidth with the smallest envelope mass wins (the search stops after
         two bandwidths worse than the best).
-    tail : ProductProposal, optional
+    tail : ProductProposal or MixtureProposal, optional
         :math:`g` for the region outside the box (App. B).
     n_bandwidths : int
         Number of bandwidths tried.

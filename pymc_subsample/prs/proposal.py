@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ProductProposal"]
+__all__ = ["MixtureProposal", "ProductProposal"]
 
 
 class ProductProposal:
@@ -116,3 +116,75 @@ def _draw_in(g, a: float, b: float, u: np.ndarray) -> np.ndarray:
         sa, sb = g.sf(a), g.sf(b)
         col = g.isf(sb + u * (sa - sb))
     return np.clip(col, a, b)
+
+
+class MixtureProposal:
+    r"""Mixture :math:`g = \sum_c w_c g_c` of :class:`ProductProposal` components.
+
+    Same interface as :class:`ProductProposal`: its mass in a box and draws
+    conditioned on the outside of a box are exact (pick a component with
+    probability :math:`\propto w_c P_c(\text{outside})`, then draw from it).
+
+    Parameters
+    ----------
+    components : sequence of ProductProposal
+        Components of the same dimension.
+    weights : sequence of float, optional
+        Mixture weights (default equal).
+    """
+
+    def __init__(self, components, weights=None):
+        self.components = [
+            c if isinstance(c, ProductProposal) else ProductProposal(c) for c in components
+        ]
+        if len({c.dim for c in self.components}) != 1:
+            raise ValueError("mixture components must have the same dimension")
+        w = np.ones(len(self.components)) if weights is None else np.asarray(weights, float)
+        if w.shape != (len(self.components),) or np.any(w < 0) or w.sum() <= 0:
+            raise ValueError("weights must be non-negative, one per component, not all zero")
+        self.log_weights = np.log(w / w.sum())
+
+    @property
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return self.components[0].dim
+
+    def logpdf(self, x: np.ndarray) -> np.ndarray:
+        r"""Return :math:`\log g(x)` for points of shape ``(k, d)``."""
+        parts = [lw + c.logpdf(x) for lw, c in zip(self.log_weights, self.components, strict=True)]
+        return np.logaddexp.reduce(np.array(parts), axis=0)
+
+    def log_mass(self, lo, hi) -> float:
+        r"""Return :math:`\log \int_{[lo, hi]} g`."""
+        return float(
+            np.logaddexp.reduce(
+                [
+                    lw + c.log_mass(lo, hi)
+                    for lw, c in zip(self.log_weights, self.components, strict=True)
+                ]
+            )
+        )
+
+    def sample(self, k: int, rng: np.random.Generator) -> np.ndarray:
+        """Draw ``k`` points, shape ``(k, d)``."""
+        which = rng.choice(len(self.components), size=k, p=np.exp(self.log_weights))
+        x = np.empty((k, self.dim))
+        for c, comp in enumerate(self.components):
+            if (which == c).any():
+                x[which == c] = comp.sample(int((which == c).sum()), rng)
+        return x
+
+    def sample_outside(self, k: int, lo, hi, rng: np.random.Generator) -> np.ndarray:
+        """Draw ``k`` points from :math:`g` conditioned on lying outside the box ``[lo, hi]``."""
+        p_out = np.array(
+            [
+                np.exp(lw) * -np.expm1(c.log_mass(lo, hi))
+                for lw, c in zip(self.log_weights, self.components, strict=True)
+            ]
+        )
+        which = rng.choice(len(self.components), size=k, p=p_out / p_out.sum())
+        x = np.empty((k, self.dim))
+        for c, comp in enumerate(self.components):
+            if (which == c).any():
+                x[which == c] = comp.sample_outside(int((which == c).sum()), lo, hi, rng)
+        return x

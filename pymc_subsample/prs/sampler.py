@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .envelope import PliableEnvelope, fit_envelope
-from .proposal import ProductProposal
+from .proposal import MixtureProposal, ProductProposal
 
 __all__ = ["MAX_DIM", "PliableRejectionSampler", "default_n_init"]
 
@@ -53,10 +53,11 @@ class PliableRejectionSampler:
         ``k`` log densities (unnormalized; ``-inf`` allowed, NaN not).
     bounds : sequence of (low, high), optional
         The box :math:`\prod_k [low_k, high_k]` containing the support.
-    proposal : frozen scipy.stats distribution or sequence of them, optional
-        Initial proposal :math:`g` for unbounded support, one 1-D marginal per
-        dimension (a :class:`~pymc_subsample.prs.ProductProposal`); its tails
-        must dominate :math:`f`'s (a Student-t is a safe choice).
+    proposal : frozen scipy.stats distribution(s), ProductProposal or MixtureProposal, optional
+        Initial proposal :math:`g` for unbounded support: one 1-D marginal per
+        dimension (a :class:`~pymc_subsample.prs.ProductProposal`), or a
+        :class:`~pymc_subsample.prs.MixtureProposal` of them; its tails must
+        dominate :math:`f`'s (a Student-t is a safe choice).
     n_init : int, optional
         Initial evaluations :math:`N`; default :func:`default_n_init` for a
         budget of 1e5.
@@ -165,9 +166,10 @@ class PliableRejectionSampler:
             self._box = (box[:, 0].copy(), box[:, 1].copy())
             self._g = None
         else:
-            self._g = (
-                proposal if isinstance(proposal, ProductProposal) else ProductProposal(proposal)
-            )
+            if isinstance(proposal, ProductProposal | MixtureProposal):
+                self._g = proposal
+            else:
+                self._g = ProductProposal(proposal)
             self.dim = self._g.dim
             self._box = None
         if self.dim > MAX_DIM:
