@@ -84,13 +84,14 @@ def test_elementwise_random_walk_matches_nuts(linear):
     assert step.scaling.shape == (3,)
 
 
-def test_logistic_regression_matches_nuts():
+@pytest.fixture(scope="module")
+def logistic():
     rng = np.random.default_rng(3)
     n_obs = 20_000
     x = rng.normal(size=(n_obs, 2))
     p = 1 / (1 + np.exp(-(0.3 + x @ np.array([1.0, -0.5]))))
     y = rng.binomial(1, p)
-    with pm.Model():
+    with pm.Model() as model:
         x_data = pm.Data("x", x)
         y_data = pm.Data("y_data", y)
         b = pm.Normal("b", 0, 3, shape=2)
@@ -104,7 +105,17 @@ def test_logistic_regression_matches_nuts():
             progressbar=False,
             compute_convergence_checks=False,
         )
-        step = RacingMetropolis([b, a], scaling=0.01, audit_every=10, **RACE)
+    return model, nuts
+
+
+@pytest.mark.parametrize("control_variates", [False, True])
+def test_logistic_regression_matches_nuts(logistic, control_variates):
+    model, nuts = logistic
+    a, b = model["a"], model["b"]
+    with model:
+        step = RacingMetropolis(
+            [b, a], scaling=0.01, audit_every=10, control_variates=control_variates, **RACE
+        )
         idata = pm.sample(
             1000,
             tune=700,
@@ -119,6 +130,31 @@ def test_logistic_regression_matches_nuts():
     done = audits >= 0
     assert done.sum() == 2 * 100
     assert (audits[done] == 0).mean() < 0.05
+    frac = float(idata.sample_stats["frac_evals"].mean())
+    if control_variates:  # residuals of the Taylor expansion decide races early
+        assert frac < 0.25, frac
+    else:
+        assert frac > 0.5, frac
+
+
+def test_taylor_control_variate_sums_and_linear_terms():
+    """h sums exactly; for terms linear in theta the residuals vanish."""
+    from pymc_subsample.control_variates import taylor_control_variate
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1000, 3))
+    c = rng.normal(size=1000)
+
+    def full(thetas):
+        return c[None, :] + thetas @ x.T
+
+    cv = taylor_control_variate(full, np.array([0.1, -0.2, 0.3]), 1e-3)
+    thetas = rng.normal(size=(4, 3))
+    idx = np.arange(1000)
+    np.testing.assert_allclose(cv.subset(thetas, idx).sum(axis=1), cv.total(thetas))
+    np.testing.assert_allclose(cv.subset(thetas, idx), full(thetas), atol=1e-8)
+    with pytest.raises(ValueError, match="not finite"):
+        taylor_control_variate(lambda t: np.full((len(t), 5), -np.inf), np.zeros(2), 1e-3)
 
 
 def test_langevin_with_full_gradient_is_mala_and_matches_nuts(linear):
