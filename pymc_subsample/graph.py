@@ -35,7 +35,7 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs
 
-__all__ = ["ModelSplitError", "ObservationTerms"]
+__all__ = ["ModelSplitError", "ObservationTerms", "continuous_value_vars"]
 
 
 class ModelSplitError(ValueError):
@@ -46,6 +46,22 @@ def _as_value_vars(model, vars) -> list:
     from pymc.util import get_value_vars_from_user_vars
 
     return list(get_value_vars_from_user_vars(vars, model))
+
+
+def continuous_value_vars(model, vars, step: str) -> list:
+    """Return the value variables of ``vars``; raise if one of them is discrete.
+
+    ``step`` names the step in the message (continuous steps only).
+    """
+    value_vars = _as_value_vars(model, vars)
+    for v in value_vars:
+        if not v.dtype.startswith("float"):
+            rv = model.values_to_rvs[v]
+            raise ValueError(
+                f"{step} updates continuous variables; {rv.name!r} is discrete "
+                f"(dtype {v.dtype}): use SubsampledCategoricalGibbs (or a PyMC Gibbs step) for it"
+            )
+    return value_vars
 
 
 def _depends_on(graph, variables) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
 from .control_variates import taylor_control_variate
-from .graph import ObservationTerms
+from .graph import ObservationTerms, continuous_value_vars
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import race
 from .racing.schedule import IndexStream
@@ -159,15 +159,7 @@ class RacingMetropolis(RacingStep):
             raise ValueError(f"tune_interval must be a positive integer, got {tune_interval!r}")
         if initial_point is None:
             initial_point = model.initial_point()
-        from pymc.util import get_value_vars_from_user_vars
-
-        for v in get_value_vars_from_user_vars(vars, model):
-            if not v.dtype.startswith("float"):
-                rv = model.values_to_rvs[v]
-                raise ValueError(
-                    f"RacingMetropolis updates continuous variables; {rv.name!r} is discrete "
-                    f"(dtype {v.dtype}): use SubsampledCategoricalGibbs for it"
-                )
+        continuous_value_vars(model, vars, "RacingMetropolis")
         self.terms = ObservationTerms(
             model, vars, data=data, initial_point=initial_point, compile_kwargs=compile_kwargs
         )

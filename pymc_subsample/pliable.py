@@ -42,6 +42,7 @@ from pymc.util import get_random_generator
 from scipy import optimize, stats
 
 from .conditional import BlockConditional
+from .graph import continuous_value_vars
 from .prs import MixtureProposal, PliableRejectionSampler
 
 __all__ = ["PliableRejection"]
@@ -115,19 +116,11 @@ class PliableRejection(BlockedStep):
         blocked: bool = True,
     ):
         import pymc as pm
-        from pymc.util import get_value_vars_from_user_vars
 
         model = pm.modelcontext(model)
         if initial_point is None:
             initial_point = model.initial_point()
-        value_vars = get_value_vars_from_user_vars(vars, model)
-        for v in value_vars:
-            if not v.dtype.startswith("float"):
-                rv = model.values_to_rvs[v]
-                raise ValueError(
-                    f"PliableRejection draws continuous variables; {rv.name!r} is discrete "
-                    f"(dtype {v.dtype}): use SubsampledCategoricalGibbs or a PyMC Gibbs step"
-                )
+        value_vars = continuous_value_vars(model, vars, "PliableRejection")
         if rebuild not in ("tune", "always"):
             raise ValueError(f"rebuild must be 'tune' or 'always', got {rebuild!r}")
         if not 0.0 < delta < 1.0:
