@@ -14,6 +14,8 @@ plain MH on all :math:`N` observations.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
@@ -81,13 +83,16 @@ class RacingMetropolis(RacingStep):
         often close, and MH is mostly used for expensive likelihoods, where a
         gathered subset costs about as much per term as a full pass.
     control_variates : bool
-        Race on the residuals of a first-order Taylor expansion of each term
+        Default True. Race on the residuals of a first-order Taylor expansion of each term
         around a reference point (:mod:`pymc_subsample.control_variates`,
         seed 001 Sec. 4): the reference is the chain's current value, reset at
         the start and at every scale update during tuning, then fixed. Costs
         :math:`2d+1` passes over the data per reset and :math:`N(d+1)` stored
         floats; races then decide on far fewer observations near the posterior
-        bulk. With ``reward_range``, the range must bound the residuals.
+        bulk. With ``reward_range``, the range must bound the residuals. If the
+        terms are not finite around the reference point, the step warns and
+        races on the raw terms. Turn it off when :math:`N(d+1)` floats do not
+        fit in memory. Ignored with ``bound="exact"``.
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
     elemwise : bool
@@ -137,7 +142,7 @@ class RacingMetropolis(RacingStep):
         audit_every: int = 0,
         reward_range: float | None = None,
         exact_fraction: float | str = 0.25,
-        control_variates: bool = False,
+        control_variates: bool = True,
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         elemwise: bool = False,
@@ -176,7 +181,8 @@ class RacingMetropolis(RacingStep):
         if elemwise and proposal != "normal":
             raise ValueError("elemwise=True needs proposal='normal' (Langevin moves all at once)")
         self.elemwise = bool(elemwise)
-        self.control_variates = bool(control_variates)
+        # plain MH (bound="exact") sums every term: nothing for control variates to save
+        self.control_variates = bool(control_variates) and bound != "exact"
         self.initial_scaling = float(scaling)
         self.tune_interval = int(tune_interval)
         self.tune = True
@@ -190,7 +196,7 @@ class RacingMetropolis(RacingStep):
 
     def reset_tuning(self):
         """Restore the initial scale (PyMC calls this between runs)."""
-        self._cv = None
+        self._cv, self._cv_failed = None, False
         if self.elemwise:
             self.scaling = np.full(sum(self._sizes), self.initial_scaling)
         else:
@@ -222,10 +228,18 @@ class RacingMetropolis(RacingStep):
     def _update_control_variate(self, x: np.ndarray, point: dict) -> int:
         """Expand the terms around ``x``; return the terms evaluated."""
         step = 0.1 * np.broadcast_to(np.asarray(self.scaling, dtype=float), x.shape)
-        self._cv = taylor_control_variate(
-            lambda rows: self.terms.full(self._candidates(rows), point), x, step
-        )
         self._cv_due = False
+        try:
+            self._cv = taylor_control_variate(
+                lambda rows: self.terms.full(self._candidates(rows), point), x, step
+            )
+        except ValueError as err:
+            self._cv, self._cv_failed = None, True
+            warnings.warn(
+                f"RacingMetropolis: control variates turned off ({err}); racing on the raw terms",
+                UserWarning,
+                stacklevel=3,
+            )
         return (2 * len(x) + 1) * self.terms.n_obs
 
     def _gradient_fn(self, point):
@@ -250,7 +264,8 @@ class RacingMetropolis(RacingStep):
         audit = self._audit_due()
         x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         totals = {"n_evals": 0, "exhausted": False, "agree": True}
-        if self.control_variates and (self._cv is None or (self.tune and self._cv_due)):
+        use_cv = self.control_variates and not self._cv_failed
+        if use_cv and (self._cv is None or (self.tune and self._cv_due)):
             totals["n_evals"] += self._update_control_variate(x, point)
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
@@ -301,7 +316,7 @@ class RacingMetropolis(RacingStep):
         if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
             return False, 0.0
         offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
-        cv = self._cv if self.control_variates else None
+        cv = self._cv if self.control_variates and not self._cv_failed else None
         if cv is not None:  # race on l_n - h_n; the exact sum of h_n joins the offsets
             rows = np.stack([x, x_new])
             h_total = cv.total(rows)

@@ -271,3 +271,19 @@ def test_discrete_variable_is_rejected():
         pm.Normal("y", q, 1.0, observed=y_data)
         with pytest.raises(ValueError, match="SubsampledCategoricalGibbs"):
             RacingMetropolis([q])
+
+
+def test_control_variates_fall_back_with_a_warning_at_a_support_boundary():
+    """Uniform(0, theta) terms are -inf just below max(y): the expansion cannot be built."""
+    y = np.random.default_rng(0).uniform(0, 2, 500)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        theta = pm.HalfNormal("theta", 5)
+        pm.Uniform("y", 0, theta, observed=y_data)
+        step = RacingMetropolis([theta], scaling=0.5, **RACE)
+        point = model.initial_point()
+        point["theta_log__"] = np.log(y.max() + 1e-9)
+        with pytest.warns(UserWarning, match="control variates turned off"):
+            point, _ = step.step(point)
+        point, _ = step.step(point)  # carries on without them
+    assert np.isfinite(point["theta_log__"])
