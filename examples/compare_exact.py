@@ -63,13 +63,16 @@ def main():
             chains=2,
             random_seed=1,
             step=[pm.CategoricalGibbsMetropolis([q])],
+            progressbar=True,
         )
         print(f"  {time.perf_counter() - t0:.1f} s")
         print("sampling with SubsampledCategoricalGibbs ...")
         t0 = time.perf_counter()
         # heavy-tailed likelihoods: a larger first batch keeps the normal approximation honest
         step = SubsampledCategoricalGibbs([q], delta=0.05, batch_size=200, audit_every=10)
-        runs["subsampled"] = pm.sample(draws=draws, tune=500, chains=2, random_seed=1, step=[step])
+        runs["subsampled"] = pm.sample(
+            draws=draws, tune=500, chains=2, random_seed=1, step=[step], progressbar=True
+        )
         print(f"  {time.perf_counter() - t0:.1f} s")
 
     table = compare_runs(runs, var_names=["mu", "sigma", "q"])
