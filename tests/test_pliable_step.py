@@ -158,3 +158,17 @@ def test_bimodal_posterior_mode_weights():
     draws = idata.posterior["theta"].values.reshape(-1, 2)
     p_hat = np.mean(draws[:, 0] > 0)
     assert abs(p_hat - p_exact) < 4 * np.sqrt(p_exact * (1 - p_exact) / len(draws))
+
+
+def test_step_pickles_after_building_its_envelope():
+    """spawn/forkserver start methods cloudpickle the step (PYMC_NOTES.md)."""
+    import cloudpickle
+
+    y = np.random.default_rng(10).normal(1.5, 1, 20)
+    with conjugate_model(y) as model:
+        step = PliableRejection([model["mu"]], rng=11)
+    point = model.initial_point()
+    point, _ = step.step(point)
+    clone = cloudpickle.loads(cloudpickle.dumps(step))
+    new, (st,) = clone.step(point)
+    assert st["accept"] == 1.0 and np.isfinite(new["mu"])
