@@ -287,3 +287,25 @@ def test_control_variates_fall_back_with_a_warning_at_a_support_boundary():
             point, _ = step.step(point)
         point, _ = step.step(point)  # carries on without them
     assert np.isfinite(point["theta_log__"])
+
+
+def test_default_settings_keep_the_audited_error_within_delta(logistic):
+    """Defaults (delta=0.05, first batch 50, control variates): audited error <= delta.
+
+    Every draw is audited (one decision: a joint proposal); the error rate must
+    stay below delta plus three binomial standard errors.
+    """
+    model, _ = logistic
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], scaling=0.01, audit_every=1, rng=7)
+    point = model.initial_point()
+    point["b"] = np.array([1.0, -0.5])
+    point["a"] = np.array(0.3)
+    wrong, n = 0, 300
+    step.tune = False
+    for _ in range(n):
+        point, (st,) = step.step(point)
+        wrong += st["audit_agree"] == 0
+    bound = step.delta
+    assert wrong / n <= bound + 3 * np.sqrt(bound * (1 - bound) / n), wrong
+    assert step.n_audits == n
