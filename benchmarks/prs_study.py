@@ -1,7 +1,8 @@
 """Seed 002's experiments: acceptance of PRS, PRS with refinement, A* and simple rejection.
 
 Acceptance rate = accepted i.i.d. draws / evaluations of f (PRS: the initial
-phase included; its N = n^((2s+d)/(3s+d)) for budget n, s = 2, delta = 0.01).
+phase included; its N = n^((2s+d)/(3s+d)) for budget n, s = 2, delta = 0.01;
+N/2 with refinement, ``default_n_init``).
 Each sampler spends the budget n (PRS and simple rejection stop at the first
 call that reaches it). Targets (``pymc_subsample.prs.targets``):
 
@@ -69,7 +70,7 @@ def one_trial(args) -> tuple[str, int, str, float, int, float]:
         s = PliableRejectionSampler(
             target.logpdf,
             target.bounds,
-            n_init=default_n_init(budget, target.dim),
+            n_init=default_n_init(budget, target.dim, refine=method == "PRS refine"),
             refine=method == "PRS refine",
             rng=seed,
         )
