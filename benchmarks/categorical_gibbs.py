@@ -64,6 +64,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 1e5 only")
     args = parser.parse_args()
+    global OUT
+    if args.quick:  # never overwrite the full results
+        OUT = OUT.with_name("categorical_gibbs_quick.md")
     sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
     rows = []
     for likelihood, n_obs, n_cat, kind in itertools.product(

@@ -18,7 +18,8 @@ evaluation); simple rejection uses A*'s proposal q and bound exp(max o).
 
 Writes ``docs/results/tables/prs_study.md`` and
 ``docs/results/figures/prs_peakiness.png``. Run:
-``python benchmarks/prs_study.py [--quick]`` (``--quick``: 3 trials, peakiness at 1e5 only).
+``python benchmarks/prs_study.py [--quick]`` (``--quick``: 3 trials, peakiness at 1e5
+only, written to ``prs_study_quick.md`` and ``prs_peakiness_quick.png``).
 """
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ def main() -> None:
                     f"± {np.std(rates):.3f}   ({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )
-    write_table(results, trials)
-    plot(results, budgets)
+    suffix = "_quick" if opts.quick else ""  # a quick run never overwrites the full results
+    write_table(results, trials, suffix)
+    plot(results, budgets, suffix)
 
 
 def cell(results, key) -> str:
@@ -117,7 +119,7 @@ def cell(results, key) -> str:
     return f"{100 * rates.mean():.1f} ± {100 * rates.std():.1f}"
 
 
-def write_table(results, trials) -> None:
+def write_table(results, trials, suffix: str = "") -> None:
     lines = [
         f"Acceptance rate (%), mean ± sd over {trials} trials. PRS: accepted / evaluations, "
         "initial phase included; A* measured at 1e5 evaluations. Paper (seed 002) in brackets.",
@@ -147,13 +149,13 @@ def write_table(results, trials) -> None:
                 f"| {cell(results, (name, n, 'PRS refine'))} | {cell(results, (name, n, 'A*'))} "
                 f"| {cell(results, (name, n, 'SRS'))} | {viol:.1f} |"
             )
-    path = ROOT / "tables" / "prs_study.md"
+    path = ROOT / "tables" / f"prs_study{suffix}.md"
     path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {path}")
 
 
-def plot(results, budgets) -> None:
+def plot(results, budgets, suffix: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -173,7 +175,7 @@ def plot(results, budgets) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    path = ROOT / "figures" / "prs_peakiness.png"
+    path = ROOT / "figures" / f"prs_peakiness{suffix}.png"
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
 

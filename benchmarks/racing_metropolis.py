@@ -18,7 +18,7 @@ variables) with PyMC's per-dimension scale tuning (every 50 draws) from the same
 initial scale, 4/sqrt(N).
 
 Writes ``docs/results/tables/racing_metropolis.md`` (with ``--only N``:
-``racing_metropolis_N.md``, one size). Run:
+``racing_metropolis_N.md``, one size; with ``--quick``: ``racing_metropolis_quick.md``). Run:
 ``python benchmarks/racing_metropolis.py [--quick] [--only N]``.
 """
 
@@ -129,6 +129,8 @@ def main():
     if args.only:
         plan = {args.only: plan[args.only]}
         OUT = OUT.with_name(f"racing_metropolis_{args.only}.md")
+    if args.quick:  # never overwrite the full results
+        OUT = OUT.with_name("racing_metropolis_quick.md")
     rows = []
     for n_obs, (draws, tune, nuts_draws) in plan.items():
         model = make_model(n_obs)
