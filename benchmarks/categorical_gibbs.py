@@ -11,7 +11,8 @@ step's ``step(point)`` in a loop (after a warm-up that compiles), and the
 per-observation terms evaluated per draw are counted (the exact step
 evaluates the joint log density at every candidate: N*D terms a draw).
 
-Writes ``docs/results/categorical_gibbs.md``. Run:
+Writes ``docs/results/tables/categorical_gibbs.md`` (``--quick``: ``categorical_gibbs_quick.md``).
+Run:
 ``python benchmarks/categorical_gibbs.py [--quick]``.
 """
 
