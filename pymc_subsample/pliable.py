@@ -80,6 +80,26 @@ class PliableRejection(BlockedStep):
 
     Notes
     -----
+    **Design** (Tierney 1994, Metropolized rejection). With :math:`\pi` the
+    block's full conditional and :math:`E` a pliable envelope built earlier, a
+    step draws :math:`y \sim \min(\pi, E)` by rejection from :math:`E` and moves
+    to it with probability
+
+    .. math:: \alpha(x, y) = \min\Bigl(1, \frac{\pi(y)\,\min(\pi(x), E(x))}
+              {\pi(x)\,\min(\pi(y), E(y))}\Bigr).
+
+    This leaves :math:`\pi` invariant for any :math:`E` that does not depend on
+    the current value :math:`x`, so the step stays exact when the other
+    variables have moved and :math:`E` no longer bounds the conditional; where
+    :math:`E \ge \pi`, :math:`\alpha = 1` and the draws are i.i.d. The envelope
+    is rebuilt at the first step, during tuning at steps 1, 2, 4, ... and when
+    tuning ends, then fixed (``rebuild="always"``: every step, from the fixed
+    initial value only). A build finds the conditional's modes (Nelder–Mead from
+    the initial value, the current value and earlier modes), and runs App. B's
+    initial phase from a mixture of Student-t products, one per mode. If no
+    proposal passes within ``max_proposals``, the step stays put (a probability
+    that does not depend on :math:`x`, so invariance holds).
+
     Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved),
     ``n_evals`` (evaluations of the conditional this step, builds included),
     ``accepted_first`` (the first proposal passed the rejection test),
