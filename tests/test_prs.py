@@ -267,3 +267,12 @@ def test_three_dimensional_target_marginals():
     corr = np.corrcoef(draws.T)[np.triu_indices(3, 1)]
     assert np.all(np.abs(corr) < 4 / np.sqrt(len(draws)))
     assert s.acceptance_rate > 0.3
+
+
+def test_unbounded_density_is_reported():
+    """Beta(0.5, 0.5) is unbounded at 0 and 1: repeated violations say so (and draws stay good)."""
+    b = stats.beta(0.5, 0.5)
+    s = PliableRejectionSampler(lambda x: b.logpdf(x[:, 0]), [(0, 1)], rng=0)
+    with pytest.warns(RuntimeWarning, match="may be unbounded"):
+        draws = s.rvs(50_000)
+    assert stats.kstest(draws, b.cdf).pvalue > P_MIN

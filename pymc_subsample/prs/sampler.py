@@ -23,6 +23,10 @@ __all__ = ["MAX_DIM", "PliableRejectionSampler", "default_n_init"]
 #: Largest dimension the tabulated envelope supports.
 MAX_DIM = 3
 
+#: Violations in one :meth:`PliableRejectionSampler.rvs` call after which it warns that the
+#: target may be unbounded.
+MAX_QUIET_RESTARTS = 5
+
 #: With ``refine``, the envelope is refitted each time the evaluations grow by this factor.
 REFIT_FACTOR = 1.5
 
@@ -295,6 +299,7 @@ class PliableRejectionSampler:
             raise ValueError(f"size must be a non-negative integer, got {size!r}")
         size = int(size)
         out = [self._buffer]
+        restarts = 0
         have = len(self._buffer)
         while have < size:
             env = self.envelope
@@ -328,6 +333,17 @@ class PliableRejectionSampler:
                     stacklevel=2,
                 )
                 out, have = [np.empty((0, self.dim))], 0
+                restarts += 1
+                if restarts == MAX_QUIET_RESTARTS:
+                    warnings.warn(
+                        f"PliableRejectionSampler: {restarts} envelope violations in one call; "
+                        "the target may be unbounded or have spikes narrower than the grid "
+                        "(Assumption 1 of seed 002 needs a bounded, smooth density). Each "
+                        "violation restarts the call: draw in smaller calls, or transform the "
+                        "variable so that its density is bounded",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                 continue
             acc = x[accept]
             self.n_accepted += len(acc)
