@@ -316,7 +316,7 @@ class RacingMetropolis(RacingStep):
         if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
             return False, 0.0
         offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
-        cv = self._cv if self.control_variates and not self._cv_failed else None
+        cv = self._cv  # None when control variates are off or could not be built
         if cv is not None:  # race on l_n - h_n; the exact sum of h_n joins the offsets
             rows = np.stack([x, x_new])
             h_total = cv.total(rows)

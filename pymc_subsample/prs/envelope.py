@@ -35,7 +35,14 @@ from scipy.special import logsumexp
 
 from .proposal import MixtureProposal, ProductProposal
 
-__all__ = ["PliableEnvelope", "fit_envelope", "kernel_table", "paper_bandwidth", "paper_rate"]
+__all__ = [
+    "PliableEnvelope",
+    "cell_index",
+    "fit_envelope",
+    "kernel_table",
+    "paper_bandwidth",
+    "paper_rate",
+]
 
 #: The fitted envelope must exceed every held-out value by this factor: the target
 #: between evaluated points (at a peak, say) is slightly higher than at them.
@@ -126,11 +133,7 @@ class PliableEnvelope:
 
     def cell_of(self, x: np.ndarray) -> np.ndarray:
         """Flat cell index of each point, ``-1`` outside the box."""
-        rel = (x - self.lo) / self.width
-        inside = np.all((x >= self.lo) & (x <= self.hi), axis=1)
-        ij = np.clip(np.floor(rel).astype(np.int64), 0, self.n_cells - 1)
-        flat = np.ravel_multi_index(ij.T, (self.n_cells,) * self.dim)
-        return np.where(inside, flat, -1)
+        return cell_index(x, self.lo, self.hi, self.n_cells)
 
     def log_value(self, x: np.ndarray) -> np.ndarray:
         r"""Return :math:`\log E(x)` for points of shape ``(k, d)``."""
@@ -195,14 +198,30 @@ def kernel_table(
     neighbours so that the table bounds the estimate inside each cell. Points
     outside the box are ignored. Returns shape ``(G,) * d``.
     """
-    d = len(lo)
+    width = (hi - lo) / n_cells
+    hist = _histogram(cell_index(x, lo, hi, n_cells), weights, width, n_cells)
+    return _smooth_table(hist, bandwidth / width)
+
+
+def cell_index(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_cells: int) -> np.ndarray:
+    """Flat index (C order) of each point's cell in the ``(G,) * d`` grid, ``-1`` outside."""
     width = (hi - lo) / n_cells
     inside = np.all((x >= lo) & (x <= hi), axis=1)
-    ij = np.clip(np.floor((x[inside] - lo) / width).astype(np.int64), 0, n_cells - 1)
-    flat = np.ravel_multi_index(ij.T, (n_cells,) * d)
-    hist = np.bincount(flat, weights=weights[inside], minlength=n_cells**d)
-    hist = hist.reshape((n_cells,) * d) / np.prod(width)
-    smooth = _gaussian_smooth(hist, bandwidth / width)
+    ij = np.clip(np.floor((x - lo) / width).astype(np.int64), 0, n_cells - 1)
+    flat = np.ravel_multi_index(ij.T, (n_cells,) * len(lo))
+    return np.where(inside, flat, -1)
+
+
+def _histogram(cells: np.ndarray, weights: np.ndarray, width: np.ndarray, n_cells: int):
+    """Weights per cell over the cell volume (a density), points outside ignored."""
+    keep = cells >= 0
+    hist = np.bincount(cells[keep], weights=weights[keep], minlength=n_cells ** len(width))
+    return hist.reshape((n_cells,) * len(width)) / np.prod(width)
+
+
+def _smooth_table(hist: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
+    """Gaussian smoothing (``sigmas`` in cells), then the maximum over each 3^d neighbourhood."""
+    smooth = _gaussian_smooth(hist, sigmas)
     return ndimage.maximum_filter(np.maximum(smooth, 0.0), size=3, mode="nearest")
 
 
@@ -315,15 +334,17 @@ def fit_envelope(
     w[~np.isfinite(w)] = 0.0
     side = hi - lo
     volume = float(np.prod(side))
-    inside = np.all((x >= lo) & (x <= hi), axis=1)
+    width = side / n_cells
+    cell_volume = float(np.prod(width))
+    cells = cell_index(x, lo, hi, n_cells)  # binned once for every bandwidth
+    inside = cells >= 0
+    hist = _histogram(cells, w, width, n_cells)
     f_bar = float(w[inside].sum()) / volume
     rho = paper_rate(t, d, smoothness, delta)
     h0 = side * paper_bandwidth(t, d, smoothness, delta)
-    width = side / n_cells
-    cell_volume = float(np.prod(width))
 
     def table(h):
-        return kernel_table(x, w, lo, hi, n_cells, h)
+        return _smooth_table(hist, h / width)
 
     if envelope_scale is not None:
         full = table(h0)
@@ -335,7 +356,7 @@ def fit_envelope(
             full = table(h)
             # leave-one-out: remove each point's own kernel peak w_i K_h(0) from its cell
             own = w / np.prod(np.sqrt(2 * np.pi) * np.maximum(h, width / np.sqrt(2 * np.pi)))
-            held = np.maximum(_lookup(full, x, lo, width, n_cells) - own, 0.0)
+            held = np.maximum(np.where(inside, full.ravel()[cells], 0.0) - own, 0.0)
             kappa, r, mass = _scales(
                 f[inside],
                 held[inside],
@@ -373,12 +394,3 @@ def fit_envelope(
     )
     env.cover(x, log_f)
     return env
-
-
-def _lookup(table: np.ndarray, x: np.ndarray, lo, width, n_cells) -> np.ndarray:
-    """Table value at each point's cell (0 outside the box)."""
-    d = len(lo)
-    inside = np.all((x >= lo) & (x <= lo + width * n_cells), axis=1)
-    ij = np.clip(np.floor((x - lo) / width).astype(np.int64), 0, n_cells - 1)
-    vals = table.ravel()[np.ravel_multi_index(ij.T, (n_cells,) * d)]
-    return np.where(inside, vals, 0.0)

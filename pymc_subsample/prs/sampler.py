@@ -310,9 +310,10 @@ class PliableRejectionSampler:
             log_e = env.log_value(x)
             log_f = self._evaluate(x)
             log_q = log_e - env.log_mass
-            self._points.append(x)
-            self._log_f.append(log_f)
-            self._log_q.append(log_q)
+            if self.refine:  # only a refit reads the evaluated points
+                self._points.append(x)
+                self._log_f.append(log_f)
+                self._log_q.append(log_q)
             ratio = log_f - log_e
             accept = np.log(self.rng.random(k)) < ratio
             violated = ratio > 1e-12
