@@ -11,7 +11,7 @@ from pymc.util import get_random_generator
 from scipy import stats
 
 from .cost import choose_exact_after, fit_round_cost, median_seconds
-from .racing.race import validate_race_args
+from .racing.common import validate_race_args
 
 __all__ = ["AUDIT_DISAGREE", "AUDIT_NOT_RUN", "AUDIT_AGREE", "RacingStep", "RacingStepState"]
 

@@ -2,19 +2,24 @@ r"""Uncertainty bounds :math:`G` for racing on a finite population.
 
 Every bound here is the half-width of a one-sided confidence interval for the
 mean of :math:`N` numbers estimated from :math:`T` of them drawn without
-replacement, valid simultaneously over all looks of a schedule (seed 000,
-Eq. 5). ``ALGORITHMS.md`` §2 writes them out.
+replacement, valid simultaneously over all looks of a schedule (Chen &
+Ghahramani 2016, Eq. 5). :class:`NormalBound` and :class:`EBSBound` carry a
+bound's constants for one race; the functions compute the widths.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from scipy import optimize, stats
 
 __all__ = [
+    "EBSBound",
     "EBS_KAPPA",
+    "NormalBound",
     "ebs_width",
     "normal_threshold",
     "normal_width",
@@ -92,7 +97,7 @@ def normal_threshold(sizes, n_obs: int, delta: float) -> float:
     :math:`Z_t = (\hat\mu^{(t)} - \mu)/s_{T^{(t)}}` at the looks
     :math:`T^{(1)} < \dots < T^{(K)} < N` of one race are jointly Gaussian
     with :math:`\mathrm{corr}(Z_s, Z_t) = \sqrt{T_s (N-T_t) / (T_t (N-T_s))}`
-    (``ALGORITHMS.md`` §2). That sequence is Markov, so
+    (Chen & Ghahramani 2016, Sec. 3.3.2). That sequence is Markov, so
     :math:`P(\max_t Z_t > B)` is a one-dimensional recursion; :math:`B` solves
     :math:`P(\max_t Z_t > B) = \delta`. Results are cached per
     ``(sizes, n_obs, delta)``. When the recursion is ill-conditioned (looks
@@ -117,7 +122,7 @@ def normal_threshold(sizes, n_obs: int, delta: float) -> float:
 
 
 def normal_width(threshold: float, sigma, n_drawn, n_obs):
-    r"""Racing-Normal half-width :math:`G = B\, s_T` (seed 000, Sec. 3.3.2).
+    r"""Racing-Normal half-width :math:`G = B\, s_T` (Chen & Ghahramani 2016, Sec. 3.3.2).
 
     .. math:: s_T = \frac{\hat\sigma}{\sqrt{T}} \sqrt{1 - \frac{T-1}{N-1}}
 
@@ -155,7 +160,7 @@ def ebs_width(delta: float, sigma, n_drawn, n_obs, reward_range):
         + \frac{\kappa C \log(5/\delta)}{n},
 
     :math:`\kappa = 7/3 + 3/\sqrt{2}`, :math:`\rho_n = 1 - (n-1)/N` for
-    :math:`n \le N/2` and :math:`(1 - n/N)(1 + 1/n)` above (seed 000, Eq. 6).
+    :math:`n \le N/2` and :math:`(1 - n/N)(1 + 1/n)` above (Chen & Ghahramani 2016, Eq. 6).
     Callers divide :math:`\delta` by the number of looks (union bound).
 
     Parameters
@@ -194,7 +199,8 @@ def rare_event_floor(reward_range, n_drawn):
     .. math:: C \sqrt{p_0 (1 - p_0)}.
 
     Racing-Normal uses :math:`\max(\hat\sigma, C\sqrt{p_0(1-p_0)})`
-    (``ALGORITHMS.md`` §7).
+    (a safeguard of ours against rare-event rewards, on which the normal
+    approximation fails).
 
     Parameters
     ----------
@@ -210,3 +216,71 @@ def rare_event_floor(reward_range, n_drawn):
     """
     p0 = 1.0 / (np.asarray(n_drawn, dtype=float) + 1.0)
     return reward_range * np.sqrt(p0 * (1.0 - p0))
+
+
+@dataclass(frozen=True)
+class NormalBound:
+    r"""Racing-Normal bound of one race: :math:`G = B\, \max(\hat\sigma, \text{floor})\, s_T`.
+
+    Parameters
+    ----------
+    threshold : float
+        :math:`B` for the race's schedule (:func:`normal_threshold`).
+    n_obs : int
+        Population size :math:`N`.
+    floor_range : float or None
+        :math:`C'` of the rare-event floor :func:`rare_event_floor` (twice the
+        reward range for pairwise differences); None: no floor.
+    skew_guard : bool
+        Whether eliminations wait for Cochran's rule :math:`T \ge 25 \hat g_1^2`
+        on the latest batch (only without ``floor_range``).
+    """
+
+    threshold: float
+    n_obs: int
+    floor_range: float | None = None
+    skew_guard: bool = True
+
+    def factor(self, n_drawn: int) -> float:
+        r"""Half-width per unit standard deviation, :math:`B\sqrt{(N-T)/((N-1)T)}`."""
+        return self.threshold * math.sqrt((self.n_obs - n_drawn) / (self.n_obs - 1.0) / n_drawn)
+
+    def floor(self, n_drawn: int) -> float:
+        """Floor on the standard deviation after ``n_drawn`` observations (0 without a range)."""
+        if self.floor_range is None:
+            return 0.0
+        return float(rare_event_floor(self.floor_range, n_drawn))
+
+    def width(self, sigma, n_drawn: int):
+        """Half-width :math:`G` for standard deviations ``sigma`` after ``n_drawn`` draws."""
+        return np.maximum(sigma, self.floor(n_drawn)) * self.factor(n_drawn)
+
+    @property
+    def guards_skew(self) -> bool:
+        """True when Cochran's rule applies (skew guard on, no reward range given)."""
+        return self.skew_guard and self.floor_range is None
+
+
+@dataclass(frozen=True)
+class EBSBound:
+    r"""Racing-EBS bound of one race (:func:`ebs_width` with a union bound over looks).
+
+    Parameters
+    ----------
+    delta_look : float
+        Confidence per look and comparison, :math:`\delta / (K (D-1))`.
+    n_obs : int
+        Population size :math:`N`.
+    reward_range : float or None
+        :math:`C` (doubled for pairwise differences); None: the range seen on
+        the latest batch is plugged in (no guarantee on rare events).
+    """
+
+    delta_look: float
+    n_obs: int
+    reward_range: float | None = None
+
+    def width(self, sigma, n_drawn: int, batch_range=None):
+        """Half-width for ``sigma``; ``batch_range`` stands in for a missing ``reward_range``."""
+        c = self.reward_range if self.reward_range is not None else batch_range
+        return ebs_width(self.delta_look, sigma, n_drawn, self.n_obs, c)

@@ -4,13 +4,13 @@ For :math:`p(X=i) \propto f_0(i) \prod_{n=1}^N f_n(i)` and
 :math:`\varepsilon_i \sim \mathrm{Gumbel}(0, 1)`,
 :math:`\arg\max_i \log \tilde p(i) + \varepsilon_i` is an exact draw from
 :math:`p`. Spreading the cheap part over the :math:`N` terms gives a bandit
-with a finite reward population per arm (seed 000, Eq. 2–3):
+with a finite reward population per arm (Chen & Ghahramani 2016, Eq. 2–3):
 
 .. math:: l_{i,n} = \log f_n(i) + \frac{\log f_0(i) + \varepsilon_i}{N}.
 
 A race that returns the best arm with probability at least :math:`1-\delta`
 for every :math:`\varepsilon` yields draws within total variation
-:math:`\delta` of :math:`p` (seed 000, Prop. 1).
+:math:`\delta` of :math:`p` (Chen & Ghahramani 2016, Prop. 1).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .race import RaceResult, RewardFn, race, validate_race_args
+from .common import RaceResult, RewardFn, TotalsFn, validate_race_args
+from .race import RaceConfig, race
 
 __all__ = ["sample_categorical"]
 
@@ -37,16 +38,17 @@ def sample_categorical(
     reward_range: float | None = None,
     noise: np.ndarray | None = None,
     exact_after: int | None = None,
-    totals=None,
+    totals: TotalsFn | None = None,
     skew_guard: bool = True,
+    config: RaceConfig | None = None,
 ) -> tuple[int, RaceResult]:
     r"""Draw :math:`X \sim p(X=i) \propto f_0(i) \prod_n f_n(i)` by racing.
 
     Draws :math:`\varepsilon_i \sim \mathrm{Gumbel}(0,1)`, forms
     :math:`l_{i,n} = \log f_n(i) + (\log f_0(i) + \varepsilon_i)/N` and races
     them (:func:`~pymc_subsample.racing.race`); the total variation between
-    the law of the result and :math:`p` is at most ``delta`` (seed 000,
-    Prop. 1). Arms with :math:`\log f_0 = -\infty` never win and cost no
+    the law of the result and :math:`p` is at most ``delta`` (Chen &
+    Ghahramani 2016, Prop. 1). Arms with :math:`\log f_0 = -\infty` never win and cost no
     evaluations.
 
     Parameters
@@ -75,6 +77,10 @@ def sample_categorical(
     totals : callable, optional
         ``totals(arms)`` returning :math:`\sum_n \log f_n(i)` (see
         :func:`~pymc_subsample.racing.race`).
+    config : RaceConfig, optional
+        Settings of a shared-index race, instead of ``delta``, ``bound``,
+        ``batch_size``, ``variance``, ``reward_range``, ``exact_after`` and
+        ``skew_guard`` (samplers build it once).
 
     Returns
     -------
@@ -86,7 +92,8 @@ def sample_categorical(
     log_f0 = np.asarray(log_f0, dtype=np.float64)
     if log_f0.ndim != 1 or len(log_f0) < 1:
         raise ValueError(f"log_f0 must be a non-empty 1-D array, got shape {log_f0.shape}")
-    validate_race_args(delta, bound, batch_size, variance, len(log_f0))
+    if config is None:
+        validate_race_args(delta, bound, batch_size, variance, len(log_f0))
     if np.isnan(log_f0).any() or np.isposinf(log_f0).any():
         raise ValueError("log_f0 must be finite or -inf (got NaN or +inf)")
     rng = np.random.default_rng(rng)
@@ -107,26 +114,23 @@ def sample_categorical(
 
         sub_totals = None if totals is None else (lambda arms: totals(feasible[arms]))
 
-    result = race(
-        sub_rewards,
-        len(feasible),
-        sub_sizes,
-        delta=delta,
-        bound=bound,
-        batch_size=batch_size,
-        variance=variance,
-        rng=rng,
-        reward_range=reward_range,
-        offsets=offsets,
-        exact_after=exact_after,
-        totals=sub_totals,
-        skew_guard=skew_guard,
-    )
+    if config is not None:
+        result = race(sub_rewards, len(feasible), sub_sizes, rng=rng, offsets=offsets,
+                      totals=sub_totals, config=config)  # fmt: skip
+    else:
+        hooks = {}  # shared-index hooks, passed only where they apply
+        if bound in ("normal", "ebs"):
+            hooks = {"exact_after": exact_after, "skew_guard": skew_guard}
+        if bound in ("normal", "ebs", "exact") and np.ndim(n_obs) == 0:
+            hooks["totals"] = sub_totals
+        result = race(
+            sub_rewards, len(feasible), sub_sizes, delta=delta, bound=bound,
+            batch_size=batch_size, variance=variance, rng=rng, reward_range=reward_range,
+            offsets=offsets, **hooks,
+        )  # fmt: skip
     value = int(feasible[result.winner])
-    means = None
-    if result.means is not None:
-        means = np.full(len(log_f0), -np.inf)
-        means[feasible] = result.means
+    means = np.full(len(log_f0), -np.inf)
+    means[feasible] = result.means
     return value, RaceResult(
         value, result.n_evaluations, result.n_rounds, result.exhausted, result.n_drawn, means
     )

@@ -1,4 +1,4 @@
-r"""Adapted lil'UCB for finite reward populations (seed 000, Sec. 3.2).
+r"""Adapted lil'UCB for finite reward populations (Chen & Ghahramani 2016, Sec. 3.2).
 
 lil'UCB (Jamieson et al. 2014) pulls the arm of highest upper confidence bound
 
@@ -9,7 +9,7 @@ lil'UCB (Jamieson et al. 2014) pulls the arm of highest upper confidence bound
 and stops when some arm has :math:`T_i \ge 1 + \lambda \sum_{j \ne i} T_j`.
 Heuristic setting: :math:`\varepsilon = 0`, :math:`\beta = 1/2`,
 :math:`\lambda = 1 + 10/D`, :math:`\delta \to \delta/5`, :math:`\sigma = C/2`.
-Adaptations of seed 000: (1) each arm draws its own indices without
+Adaptations of Chen & Ghahramani (2016): (1) each arm draws its own indices without
 replacement; (2) an arm with :math:`T_i = N` has the exact mean as its bound;
 (3) the race also stops when the arm of highest bound is exact.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .race import RaceResult, checked_rewards
+from .common import RaceResult, argmax_or_raise, checked_rewards
 from .schedule import IndexStream
 
 __all__ = ["lil_ucb"]
@@ -89,7 +89,7 @@ def lil_ucb(
     def pull(i: int, k: int) -> None:
         nonlocal n_evals
         idx = streams[i].take(k)
-        vals = checked_rewards(rewards, np.array([i]), idx)[0]
+        vals = checked_rewards(rewards, np.array([i]), idx)[0][0]
         n_evals += len(idx)
         pulls[i] += len(idx)
         if np.isneginf(vals).any():
@@ -107,7 +107,7 @@ def lil_ucb(
         n_rounds += 1
         live = ~dead
         if not live.any():
-            raise ValueError("every arm has a -inf reward: the target is zero at every candidate")
+            argmax_or_raise(np.full(1, -np.inf))
         if live.sum() == 1:
             winner = int(np.flatnonzero(live)[0])
             break
@@ -139,4 +139,6 @@ def lil_ucb(
             break
         k = max(1, int(np.ceil(block_fraction * pulls[best])))
         pull(best, min(k, n_obs - pulls[best]))
-    return RaceResult(winner, n_evals, n_rounds, bool((pulls >= n_obs).any()), int(pulls.max()))
+    means = np.where(dead, -np.inf, total / np.maximum(pulls, 1) + offsets)
+    exhausted = bool((pulls >= n_obs).any())
+    return RaceResult(winner, n_evals, n_rounds, exhausted, int(pulls.max()), means)

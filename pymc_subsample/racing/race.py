@@ -1,540 +1,365 @@
-r"""Best-arm identification on finite reward populations by racing.
+r"""Best-arm identification on a finite reward population shared by all arms, by racing.
 
-Implements Alg. 1 of seed 000 (Racing-Normal, Racing-EBS), the adapted
-lil'UCB of Sec. 3.2 (in :mod:`pymc_subsample.racing.lilucb`) and an exact
-reference, behind one function, :func:`race`. The arm to find is
+Racing-Normal and Racing-EBS (Chen & Ghahramani 2016, Alg. 1) as explicit
+state, in the style of BlackJAX kernels:
 
-.. math:: x^* = \arg\max_i \sum_{n=1}^{N_i} l_{i,n} = \arg\max_i N_i \mu_i ,
+* :class:`RaceConfig`, the frozen settings (δ, bound, variance, first batch,
+  schedule, reward range, exact switch, batch layout);
+* :class:`RaceState`, the state of one race (surviving arms, observations
+  drawn, running means and cross-products, evaluations, looks);
+* :class:`SharedRace`, the kernel for one population and one set of
+  offsets: :meth:`~SharedRace.init` and :meth:`~SharedRace.update`, pure;
+* :func:`race_shared`, the driver that owns the index stream and the exact
+  final look; :func:`race`, the one-call entry point that also dispatches to
+  adapted lil'UCB (:func:`~pymc_subsample.racing.lilucb.lil_ucb`), to
+  independent populations and to the exact reference.
 
-which for a common population size :math:`N` is the arm of highest mean reward.
+The arm to find is
+
+.. math:: x^* = \arg\max_i \sum_{n=1}^{N} l_{i,n} + N o_i,
+
+with :math:`o_i` a constant offset per arm.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
-from .bounds import ebs_width, normal_threshold, normal_width, rare_event_floor
-from .schedule import IndexStream, doubling_schedule
+from .bounds import EBSBound, NormalBound, normal_threshold
+from .common import (
+    BOUNDS,
+    VARIANCES,
+    RaceResult,
+    RewardFn,
+    TotalsFn,
+    argmax_or_raise,
+    checked_rewards,
+    exact_totals,
+    validate_race_args,
+)
+from .kernels import merge_marginal, merge_pairwise, normal_keep_marginal, normal_keep_pairwise
+from .schedule import CyclicWindows, ExactSwitch, IndexStream, doubling_schedule
 
-__all__ = ["BOUNDS", "VARIANCES", "RaceResult", "RewardFn", "race"]
+__all__ = [
+    "BATCHES",
+    "RaceConfig",
+    "RaceState",
+    "SharedRace",
+    "race",
+    "race_exact",
+    "race_shared",
+]
 
-#: Names accepted by ``bound``.
-BOUNDS = ("normal", "ebs", "lilucb", "exact")
-#: Names accepted by ``variance``.
-VARIANCES = ("pairwise", "marginal")
-
-#: ``rewards(arms, idx) -> array of shape (len(arms), len(idx))``.
-RewardFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-_EXACT_CHUNK = 1 << 24  # rewards per call when evaluating a whole population
+#: Names accepted by ``RaceConfig.batches``.
+BATCHES = ("random", "windows")
 _GRAM_LIMIT = 16  # above this many arms, pairwise Racing-Normal uses batch variances
 
 
 @dataclass(frozen=True)
-class RaceResult:
-    """Outcome of one race.
-
-    Attributes
-    ----------
-    winner : int
-        Index of the arm returned.
-    n_evaluations : int
-        Rewards drawn in total, over all arms and rounds (at most ``sum(N_i)``).
-    n_rounds : int
-        Number of looks (rounds of the schedule, or blocks of pulls for lil'UCB).
-    exhausted : bool
-        True when some arm had to be evaluated on its whole population.
-    n_drawn : int
-        Largest number of observations drawn for one arm.
-    means : numpy.ndarray or None
-        Estimated mean reward of each arm (offset included) when it left the
-        race, exact for arms evaluated on all observations; NaN for arms never
-        evaluated. Recorded by the shared-index races and ``bound="exact"``.
-    """
-
-    winner: int
-    n_evaluations: int
-    n_rounds: int
-    exhausted: bool
-    n_drawn: int
-    means: np.ndarray | None = None
-
-
-def _check_probability(delta: float) -> float:
-    delta = float(delta)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}; e.g. delta=0.05")
-    return delta
-
-
-def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
-    """Check the arguments shared by :func:`race` and the samplers built on it.
+class RaceConfig:
+    r"""Settings of a race, fixed across the races of a sampler.
 
     Parameters
     ----------
-    delta : float
-        Error probability, in (0, 1).
-    bound : str
-        One of :data:`BOUNDS`.
-    batch_size : int
-        First mini-batch size, at least 2.
-    variance : str
-        One of :data:`VARIANCES`.
-    n_arms : int
-        Number of arms, at least 1.
-
-    Returns
-    -------
-    float
-        ``delta`` as a float.
-
-    Raises
-    ------
-    ValueError
-        Naming the argument at fault and the accepted values.
-    """
-    delta = _check_probability(delta)
-    if bound not in BOUNDS:
-        raise ValueError(f"unknown bound {bound!r}; choose one of {BOUNDS}")
-    if variance not in VARIANCES:
-        raise ValueError(f"unknown variance {variance!r}; choose one of {VARIANCES}")
-    if int(batch_size) != batch_size or batch_size < 2:
-        raise ValueError(
-            f"batch_size must be an integer >= 2 (a variance needs two draws), got {batch_size!r}"
-        )
-    if int(n_arms) != n_arms or n_arms < 1:
-        raise ValueError(f"n_arms must be a positive integer, got {n_arms!r}")
-    return delta
-
-
-def checked_rewards(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """Call ``rewards(arms, idx)`` and check its shape and values (see :func:`_checked`)."""
-    return _checked(rewards, arms, idx)[0]
-
-
-def _checked(rewards: RewardFn, arms: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, bool]:
-    """Call ``rewards(arms, idx)`` and check its shape and values.
-
-    Parameters
-    ----------
-    rewards : callable
-        The reward callback.
-    arms, idx : numpy.ndarray
-        Arm indices and observation indices.
-
-    Returns
-    -------
-    rewards : numpy.ndarray
-        float64 array of shape ``(len(arms), len(idx))``; entries finite or −inf.
-    all_finite : bool
-        False when some entry is −inf.
-
-    Raises
-    ------
-    ValueError
-        On a wrong shape, NaN or +inf.
-    """
-    out = np.asarray(rewards(arms, idx), dtype=np.float64)
-    if out.shape != (len(arms), len(idx)):
-        raise ValueError(
-            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
-            f"{(len(arms), len(idx))}, got {out.shape}"
-        )
-    finite = math.isfinite(out.sum())  # fast path: a finite sum means every entry is finite
-    if not finite:
-        if np.isnan(out).any():
-            raise ValueError(
-                "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
-            )
-        if np.isposinf(out).any():
-            raise ValueError(
-                "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
-            )
-    return out, finite
-
-
-def exact_totals(rewards: RewardFn, arms: np.ndarray, n_obs: int) -> np.ndarray:
-    """Sum of the rewards of ``arms`` over their whole (common) population.
-
-    Evaluated in chunks of at most ``2**24`` rewards, in index order.
-
-    Parameters
-    ----------
-    rewards : callable
-        The reward callback.
-    arms : numpy.ndarray
-        Arm indices.
-    n_obs : int
-        Population size.
-
-    Returns
-    -------
-    numpy.ndarray
-        One total per arm (−inf when any reward is −inf).
-    """
-    step = max(1, _EXACT_CHUNK // max(len(arms), 1))
-    total = np.zeros(len(arms))
-    for start in range(0, n_obs, step):
-        idx = np.arange(start, min(start + step, n_obs))
-        total += checked_rewards(rewards, arms, idx).sum(axis=1)
-    return total
-
-
-def _argmax_or_raise(values: np.ndarray) -> int:
-    if not np.isfinite(values).any():
-        raise ValueError(
-            "every arm has a -inf reward: the target is zero at every candidate "
-            "(check the model and the initial point)"
-        )
-    return int(np.argmax(values))
-
-
-def race(
-    rewards: RewardFn,
-    n_arms: int,
-    n_obs: int | Sequence[int],
-    *,
-    delta: float = 0.05,
-    bound: str = "normal",
-    batch_size: int = 50,
-    variance: str = "pairwise",
-    rng: np.random.Generator | int | None = None,
-    reward_range: float | None = None,
-    schedule: Sequence[int] | None = None,
-    offsets: np.ndarray | None = None,
-    exact_after: int | None = None,
-    totals: Callable[[np.ndarray], np.ndarray] | None = None,
-    skew_guard: bool = True,
-) -> RaceResult:
-    r"""Identify the arm of highest total reward, with error at most ``delta``.
-
-    Racing (seed 000, Alg. 1): shared mini-batches of observation indices are
-    drawn without replacement on the schedule :math:`T^{(t)}` (doubling from
-    ``batch_size``, last look at :math:`N`); after each, arm :math:`i` is
-    dropped when, with :math:`\hat x` the current leader,
-
-    - pairwise: :math:`\hat\mu_{\hat x} - \hat\mu_i > G(\delta/(D-1), T, \hat\sigma_{\hat x,i})`
-    - marginal: :math:`\hat\mu_{\hat x} - G(\delta/D, T, \hat\sigma_{\hat x}) >
-      \hat\mu_i + G(\delta/D, T, \hat\sigma_i)`.
-
-    An arm with a −inf reward is dropped at once. Identical arms never
-    separate; the race then ends at :math:`T = N` and the lowest index wins.
-
-    Parameters
-    ----------
-    rewards : callable
-        ``rewards(arms, idx)`` returns ``l[arms][:, idx]``, shape
-        ``(len(arms), len(idx))``, for 0-based integer arrays. Entries must be
-        finite or −inf.
-    n_arms : int
-        Number of arms :math:`D`.
-    n_obs : int or sequence of int
-        Population size :math:`N`, shared by all arms; or one size :math:`N_i`
-        per arm. With per-arm sizes the arms are independent populations:
-        ``rewards`` is called one arm at a time (``arms`` of length 1, ``idx``
-        indexing that arm's own population), the variance must be
-        ``"marginal"``, each arm follows the doubling schedule clipped at its
-        own :math:`N_i`, and arms are compared on totals
-        :math:`N_i \hat\mu_i \pm N_i G_i`.
     delta : float
         Probability of returning a wrong arm, in (0, 1).
-    bound : {"normal", "ebs", "lilucb", "exact"}
+    bound : {"normal", "ebs"}
         ``"normal"``: Racing-Normal, :math:`G = B s_T` with :math:`B` computed
         for the actual schedule from the joint Gaussian law of the looks
         (:func:`~pymc_subsample.racing.bounds.normal_threshold`).
         ``"ebs"``: Racing-EBS, the empirical Bernstein–Serfling bound with a
-        union bound over looks. ``"lilucb"``: adapted lil'UCB
-        (:func:`~pymc_subsample.racing.lilucb.lil_ucb`). ``"exact"``: evaluate
-        everything.
-    batch_size : int
-        First mini-batch size :math:`m^{(1)}` (paper: 50 for Normal, 2 for EBS).
+        union bound over looks.
     variance : {"pairwise", "marginal"}
         Standard deviation of reward differences with the leader on shared
         indices (tighter when arms are positively correlated; cost
-        :math:`O(D^2 T)` for the running cross-products), or of each arm alone
-        (cost :math:`O(D T)`). With more than 16 arms, pairwise Racing-Normal
-        estimates the standard deviation of the differences with the current
-        leader on the latest batch (at least half of the observations drawn, by
-        the doubling) instead, at cost :math:`O(D T)`.
-    rng : numpy.random.Generator or int, optional
-        Source of the index draws.
+        :math:`O(D^2 T)`), or of each arm alone (cost :math:`O(D T)`). With
+        more than 16 arms, pairwise Racing-Normal estimates the standard
+        deviation of the differences with the leader on the latest batch
+        (at least half of the observations drawn, by the doubling).
+    batch_size : int
+        First mini-batch size :math:`m^{(1)}` of the doubling schedule.
     reward_range : float, optional
-        :math:`C`, an upper bound on :math:`\max_n l_{i,n} - \min_n l_{i,n}` for
-        every arm. Racing-EBS needs it; lil'UCB uses :math:`C/2` as its scale;
-        Racing-Normal floors its standard deviation at
-        :math:`C' \sqrt{p_0(1-p_0)}`, :math:`p_0 = 1/(T+1)`, which protects
-        against rare-event rewards (``ALGORITHMS.md`` §7), with
-        :math:`C' = 2C` for pairwise differences. When it is ``None``, the
-        range observed on the latest batch (of the differences with the
-        leader, in pairwise mode) is used in its place. That plug-in cannot
-        see an event no batch has drawn yet: on rare-event populations pass a
-        true bound.
-    schedule : sequence of int, optional
-        Increasing cumulative sample sizes to use instead of doubling;
-        ``n_obs`` is appended if missing. Bounds are computed for this schedule.
-    offsets : array_like, optional
-        A constant per arm added to every one of its rewards (the race then
-        compares :math:`\mu_i + o_i`) without being added to each reward; the
-        Gumbel-max sampler passes :math:`(\log f_0(i) + \varepsilon_i)/N` here.
-    exact_after : int, optional
-        Largest cumulative sample size drawn as a subset: the look after it is
-        at :math:`N` (all remaining observations at once, an exact decision
-        among the survivors). Useful when evaluating everything in one call is
-        much cheaper per reward than gathering a large subset. The bounds are
+        :math:`C`, a bound on :math:`\max_n l_{i,n} - \min_n l_{i,n}` for every
+        arm. Racing-EBS needs it for its guarantee; Racing-Normal floors its
+        standard deviation at :math:`C' \sqrt{p_0(1-p_0)}`, :math:`p_0 =
+        1/(T+1)` (:func:`~pymc_subsample.racing.bounds.rare_event_floor`),
+        :math:`C' = 2C` for pairwise differences. Without it, EBS plugs in the
+        range seen on the latest batch, which cannot see an event no batch
+        has drawn: on rare-event populations pass a true bound.
+    schedule : tuple of int, optional
+        Increasing cumulative sample sizes to use instead of doubling; the
+        population size is appended. Bounds are computed for this schedule.
+    exact : ExactSwitch
+        When the race stops subsampling and decides with one exact pass
+        (:class:`~pymc_subsample.racing.schedule.ExactSwitch`); bounds are
         computed for the truncated schedule.
-    totals : callable, optional
-        ``totals(arms)`` returns :math:`\sum_{n=1}^N l_{i,n}` for ``i in arms``
-        in one call. When given, exact decisions (``bound="exact"``, and the
-        look at :math:`N` when fewer than :math:`N/2` observations were drawn
-        before it) use it instead of gathering the remaining rewards; such a
-        look counts :math:`N` evaluations per surviving arm, the observations
-        drawn before included.
     skew_guard : bool
-        Racing-Normal only: no arm is dropped at a look of :math:`T`
-        observations while :math:`T < 25\,\hat g_1^2`, with :math:`\hat g_1`
-        the sample skewness of the rewards (of the differences with the leader,
-        in pairwise mode) on the latest batch (Cochran's rule for the normal
-        approximation of a mean). It guards against heavy-tailed, skewed
-        rewards whose large values a small batch only hints at; ``False``
-        reproduces the paper's Racing-Normal. Not applied when
-        ``reward_range`` is given (the rare-event floor then takes its role).
-
-    Returns
-    -------
-    RaceResult
-
-    Raises
-    ------
-    ValueError
-        For ``delta`` outside (0, 1), an unknown ``bound`` or ``variance``,
-        ``batch_size < 2``, ``n_arms < 1``, ``n_obs < 1``, or a ``rewards``
-        callback that returns the wrong shape, NaN or +inf; or when every arm
-        has a −inf reward.
+        Racing-Normal without ``reward_range``: no arm is dropped at a look of
+        :math:`T` observations while :math:`T < 25\,\hat g_1^2`, with
+        :math:`\hat g_1` the sample skewness of the rewards (of the
+        differences with the leader, in pairwise mode) on the latest batch
+        (Cochran's rule for the normal approximation of a mean). ``False``
+        reproduces the paper's Racing-Normal.
+    batches : {"random", "windows"}
+        ``"random"``: each look draws uniformly random new indices and passes
+        them to ``rewards`` as an int64 array. ``"windows"``: the population
+        is stored in a uniformly random order (the caller's duty, e.g. a
+        row-permuted copy of the data) and the race reads consecutive
+        positions from a uniformly random start, cyclically, passing each look
+        as a ``slice`` (an index array where it wraps around).
     """
-    delta = validate_race_args(delta, bound, batch_size, variance, n_arms)
-    rng = np.random.default_rng(rng)
-    offsets = np.zeros(int(n_arms)) if offsets is None else np.asarray(offsets, dtype=float)
-    if offsets.shape != (int(n_arms),) or not np.isfinite(offsets).all():
-        raise ValueError(f"offsets must be {n_arms} finite numbers, got {offsets!r}")
-    sizes = np.atleast_1d(np.asarray(n_obs))
-    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
-        raise ValueError(f"n_obs must be a positive integer or one per arm, got {n_obs!r}")
-    if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
-        raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
-    if len(sizes) > 1 or (np.ndim(n_obs) == 1 and n_arms > 1):
-        if len(sizes) != n_arms:
-            raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")
-        if not (sizes == sizes[0]).all():
-            return _race_independent(
-                rewards,
-                sizes,
-                delta,
-                bound,
-                int(batch_size),
-                variance,
-                rng,
-                reward_range,
-                offsets,
-            )
-    big_n = int(sizes[0])
-    arms = np.arange(int(n_arms))
-    if bound == "exact":
-        sums = _totals(rewards, totals, arms, big_n) + big_n * offsets
-        return RaceResult(_argmax_or_raise(sums), big_n * len(arms), 1, True, big_n, sums / big_n)
-    if bound == "lilucb":
-        from .lilucb import lil_ucb
 
-        return lil_ucb(
-            rewards,
-            int(n_arms),
-            big_n,
-            delta=delta,
-            batch_size=int(batch_size),
-            rng=rng,
-            reward_range=reward_range,
-            offsets=offsets,
+    delta: float = 0.05
+    bound: str = "normal"
+    variance: str = "pairwise"
+    batch_size: int = 50
+    reward_range: float | None = None
+    schedule: tuple[int, ...] | None = None
+    exact: ExactSwitch = ExactSwitch()
+    skew_guard: bool = True
+    batches: str = "random"
+
+    def __post_init__(self):
+        validate_race_args(self.delta, self.bound, self.batch_size, self.variance, 1)
+        if self.bound not in ("normal", "ebs"):
+            raise ValueError(
+                f"RaceConfig is for the shared-index races ('normal', 'ebs'); got {self.bound!r}: "
+                "use lil_ucb(...) or race_exact(...) for the others"
+            )
+        rr = self.reward_range
+        if rr is not None and not (np.isfinite(rr) and rr >= 0):
+            raise ValueError(f"reward_range must be a finite number >= 0, got {rr!r}")
+        if self.schedule is not None:
+            looks = np.asarray(self.schedule)
+            if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
+                raise ValueError("schedule must be increasing cumulative sizes starting at >= 2")
+            object.__setattr__(self, "schedule", tuple(int(s) for s in self.schedule))
+        if not isinstance(self.exact, ExactSwitch):
+            raise TypeError(f"exact must be an ExactSwitch, got {self.exact!r}")
+        if self.batches not in BATCHES:
+            raise ValueError(f"unknown batches {self.batches!r}; choose one of {BATCHES}")
+        object.__setattr__(self, "delta", float(self.delta))
+        object.__setattr__(self, "batch_size", int(self.batch_size))
+
+    def looks(self, n_obs: int) -> np.ndarray:
+        """Cumulative sample sizes of the looks for a population of ``n_obs``, ending at it."""
+        return _looks(self, int(n_obs))
+
+    def kernel_bound(self, n_arms: int, n_obs: int) -> NormalBound | EBSBound:
+        """The bound object for a race of ``n_arms`` arms on ``n_obs`` observations (cached)."""
+        return _bound(self, int(n_arms), int(n_obs))
+
+
+@lru_cache(maxsize=1024)
+def _looks(config: RaceConfig, n_obs: int) -> np.ndarray:
+    if config.schedule is None:
+        looks = doubling_schedule(n_obs, config.batch_size)
+    else:
+        looks = np.asarray(config.schedule, dtype=np.int64)
+    looks = config.exact.truncate(looks, n_obs)
+    looks.setflags(write=False)
+    return looks
+
+
+@lru_cache(maxsize=1024)
+def _bound(config: RaceConfig, n_arms: int, n_obs: int) -> NormalBound | EBSBound:
+    pairwise = config.variance == "pairwise" and n_arms > 1
+    n_comp = max(n_arms - 1, 1) if pairwise else n_arms
+    delta_comp = config.delta / n_comp
+    looks = config.looks(n_obs)[:-1]
+    c = config.reward_range
+    if c is not None and pairwise:
+        c = 2.0 * c
+    if config.bound == "normal":
+        return NormalBound(normal_threshold(looks, n_obs, delta_comp), n_obs, c, config.skew_guard)
+    return EBSBound(delta_comp / max(len(looks), 1), n_obs, c)
+
+
+class RaceState(NamedTuple):
+    """State of a race on a shared population.
+
+    Attributes
+    ----------
+    alive : numpy.ndarray
+        int64 indices of the surviving arms.
+    n_drawn : int
+        Observations drawn so far (shared by the survivors).
+    mean : numpy.ndarray
+        Running mean reward of each survivor (offsets excluded).
+    m2 : numpy.ndarray
+        Centred cross-products of the survivors' rewards, ``(S, S)``
+        (pairwise), or centred sums of squares, ``(S,)``.
+    means : numpy.ndarray
+        Mean reward plus offset of every arm when it left the race (NaN while
+        it races or if never evaluated; −inf for −inf rewards).
+    n_evaluations : int
+        Rewards evaluated so far.
+    n_rounds : int
+        Looks so far.
+    winner : int
+        The arm returned, −1 while the race goes on.
+    """
+
+    alive: np.ndarray
+    n_drawn: int
+    mean: np.ndarray
+    m2: np.ndarray
+    means: np.ndarray
+    n_evaluations: int
+    n_rounds: int
+    winner: int
+
+
+class SharedRace:
+    """The racing kernel for one population shared by all arms.
+
+    Parameters
+    ----------
+    config : RaceConfig
+        Settings.
+    n_arms : int
+        Number of arms :math:`D`.
+    n_obs : int
+        Population size :math:`N`.
+    offsets : numpy.ndarray, optional
+        Constant per arm added to its mean reward (the Gumbel-max sampler
+        passes :math:`(\\log f_0(i) + \\varepsilon_i)/N`).
+    """
+
+    def __init__(self, config: RaceConfig, n_arms: int, n_obs: int, offsets=None):
+        self.config = config
+        self.n_arms = int(n_arms)
+        self.n_obs = int(n_obs)
+        self.offsets = np.zeros(self.n_arms) if offsets is None else offsets
+        self.looks = config.looks(self.n_obs)
+        self.bound = config.kernel_bound(self.n_arms, self.n_obs)
+        self.pairwise = config.variance == "pairwise" and self.n_arms > 1
+        # many arms: the D x D cross-products cost O(D^2) per observation; Racing-Normal then
+        # estimates the variance of the differences with the leader on the latest batch
+        self.batch_variance = (
+            self.pairwise and config.bound == "normal" and self.n_arms > _GRAM_LIMIT
         )
-    looks = _make_schedule(big_n, int(batch_size), schedule, exact_after)
-    return _race_shared(
-        rewards,
-        arms,
-        big_n,
-        looks,
-        delta,
-        bound,
-        variance,
-        rng,
-        reward_range,
-        offsets,
-        totals,
-        skew_guard,
-    )
+        self.gram = self.pairwise and not self.batch_variance
 
+    def init(self) -> RaceState:
+        """State before the first look: every arm alive, nothing drawn."""
+        d = self.n_arms
+        m2 = np.zeros((d, d)) if self.gram else np.zeros(d)
+        means = np.full(d, np.nan)
+        return RaceState(np.arange(d), 0, np.zeros(d), m2, means, 0, 0, -1 if d > 1 else 0)
 
-def _make_schedule(n_obs: int, batch_size: int, schedule, exact_after) -> np.ndarray:
-    if schedule is None:
-        looks = doubling_schedule(n_obs, batch_size)
-    else:
-        looks = np.asarray(schedule, dtype=np.int64)
-        if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
-            raise ValueError("schedule must be increasing cumulative sizes starting at >= 2")
-    looks = looks[looks < n_obs]
-    if exact_after is not None:
-        looks = looks[looks <= max(int(exact_after), 0)]
-    return np.append(looks, n_obs)
+    def update(self, state: RaceState, batch: np.ndarray, finite: bool = True) -> RaceState:
+        """Merge the survivors' rewards on the next look and eliminate; return the new state.
 
+        Parameters
+        ----------
+        state : RaceState
+            State before the look.
+        batch : numpy.ndarray
+            ``(len(state.alive), m)`` rewards on the look's new observations.
+        finite : bool
+            False when some reward may be −inf (the arm is then dropped).
 
-class _Stats:
-    """Running means and centred cross-products, merged batch by batch (Chan et al.)."""
-
-    def __init__(self, n_arms: int, pairwise: bool):
-        self.n = 0
-        self.mean = np.zeros(n_arms)
-        self.pairwise = pairwise
-        self.m2 = np.zeros((n_arms, n_arms)) if pairwise else np.zeros(n_arms)
-
-    def update(self, batch: np.ndarray) -> None:
-        m = batch.shape[1]
-        bmean = np.add.reduce(batch, axis=1) * (1.0 / m)
-        centred = batch - bmean[:, None]
-        n = self.n + m
-        d = bmean - self.mean
-        corr = self.n * m / n
-        if self.pairwise:
-            self.m2 += centred @ centred.T
-            if corr:
-                self.m2 += np.outer(d * corr, d)
-        else:
-            self.m2 += np.einsum("ij,ij->i", centred, centred) + d * d * corr
-        self.mean += d * (m / n)
-        self.n = n
-
-    def keep(self, rows: np.ndarray) -> None:
-        self.mean = self.mean[rows]
-        self.m2 = self.m2[np.ix_(rows, rows)] if self.pairwise else self.m2[rows]
-
-
-def _totals(rewards, totals, arms, big_n) -> np.ndarray:
-    """Exact sums over all observations, through ``totals`` when given."""
-    if totals is None:
-        return exact_totals(rewards, arms, big_n)
-    out = np.asarray(totals(arms), dtype=np.float64)
-    if out.shape != (len(arms),):
-        raise ValueError(f"totals(arms) must return shape {(len(arms),)}, got {out.shape}")
-    if np.isnan(out).any() or np.isposinf(out).any():
-        raise ValueError("totals(arms) returned NaN or +inf")
-    return out
-
-
-def _race_shared(
-    rewards,
-    arms,
-    big_n,
-    looks,
-    delta,
-    bound,
-    variance,
-    rng,
-    reward_range,
-    offsets,
-    totals=None,
-    skew_guard=True,
-):
-    """Alg. 1 of seed 000 with indices shared by all surviving arms."""
-    pairwise = variance == "pairwise" and len(arms) > 1
-    n_comp = max(len(arms) - 1, 1) if pairwise else len(arms)
-    delta_comp = delta / n_comp
-    n_looks = len(looks) - 1
-    if bound == "normal":
-        threshold = normal_threshold(looks[:-1], big_n, delta_comp)
-    else:
-        delta_look = delta_comp / max(n_looks, 1)
-    c_user = None
-    if reward_range is not None:
-        c_user = 2.0 * reward_range if pairwise else float(reward_range)
-    stream = IndexStream(big_n, rng, reuse_stamps=True)
-    # many arms: the D x D cross-products cost O(D^2) per observation; Racing-Normal then
-    # estimates the variance of the differences with the leader on the latest batch
-    batch_variance = pairwise and bound == "normal" and len(arms) > _GRAM_LIMIT
-    stats = _Stats(len(arms), pairwise and not batch_variance)
-    alive = arms
-    means = np.full(len(arms), np.nan)
-    n_evals = 0
-    n_rounds = 0
-    for size in looks:
-        if size >= big_n and totals is not None and 2 * stream.n_drawn < big_n:
-            # exact look after a truncated schedule: one fused pass over all data
-            sums = _totals(rewards, totals, alive, big_n) + big_n * offsets[alive]
-            winner = int(alive[_argmax_or_raise(sums)])
-            means[alive] = sums / big_n
-            return RaceResult(
-                winner, n_evals + big_n * len(alive), n_rounds + 1, True, big_n, means
-            )
-        idx = stream.take(size - stream.n_drawn)
-        batch, finite = _checked(rewards, alive, idx)
-        n_evals += batch.size
-        n_rounds += 1
-        if not finite:  # some arm has a -inf term: it can never win
+        Returns
+        -------
+        RaceState
+            With ``winner >= 0`` when the race is decided; an empty ``alive``
+            when every survivor hit a −inf reward (the caller then decides the
+            arms dropped earlier exactly).
+        """
+        alive, mean, m2, means = state.alive, state.mean, state.m2, state.means
+        n_evals = state.n_evaluations + batch.size
+        n_rounds = state.n_rounds + 1
+        size = state.n_drawn + batch.shape[1]
+        if not finite:  # an arm with a -inf term can never win
             rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
+            means = means.copy()
             means[alive] = -np.inf
-            if len(rows) == 0:
-                return _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets)
-            alive, batch = alive[rows], batch[rows]
-            stats.keep(rows)
-        if size >= big_n:  # exact look: only the means matter
-            score = (stats.mean * stats.n + np.add.reduce(batch, axis=1)) / big_n
-            score += offsets[alive]
+            alive, batch, mean, m2 = alive[rows], batch[rows], mean[rows], _keep(m2, rows)
+            if len(alive) == 0:
+                return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, -1)
+        offsets = self.offsets[alive]
+        if size >= self.n_obs:  # exact look: only the means matter
+            score = (mean * state.n_drawn + batch.sum(axis=1)) / self.n_obs + offsets
+            means = means.copy()
             means[alive] = score
-            return RaceResult(
-                int(alive[int(score.argmax())]), n_evals, n_rounds, True, big_n, means
-            )
-        stats.update(batch)
+            winner = int(alive[int(score.argmax())])
+            return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, winner)
+        merge = merge_pairwise if self.gram else merge_marginal
+        mean, m2 = merge(batch, state.n_drawn, mean, m2)
         if len(alive) == 1:
-            break
-        score = stats.mean + offsets[alive]
-        lead = int(score.argmax())
-        if batch_variance:
-            var = (batch[lead] - batch).var(axis=1)
-        elif pairwise:
-            m2 = stats.m2
-            var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) * (1.0 / size)
-        else:
-            var = stats.m2 * (1.0 / size)
-        np.maximum(var, 0.0, out=var)
-        sigma = np.sqrt(var, out=var)
-        if bound == "normal":
-            if c_user is not None:
-                np.maximum(sigma, rare_event_floor(c_user, size), out=sigma)
-            width = sigma * (threshold * math.sqrt((big_n - size) / (big_n - 1.0) / size))
-        else:
-            if c_user is None:
-                spread = batch[lead] - batch if pairwise else batch
-                c = spread.max(axis=1) - spread.min(axis=1)
-            else:
-                c = c_user
-            width = ebs_width(delta_look, sigma, size, big_n, c)
-        if pairwise:
-            keep = score[lead] - score <= width
-        else:
-            keep = score[lead] - width[lead] <= score + width
-        keep[lead] = True
-        if not keep.all() and bound == "normal" and skew_guard and c_user is None:
-            keep = _cochran_guard(batch, lead, keep, pairwise, size)
+            return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, int(alive[0]))
+        keep, lead = self._keep(batch, mean, m2, offsets, size)
         if not keep.all():
-            means[alive[~keep]] = score[~keep]
+            means = means.copy()
+            means[alive[~keep]] = mean[~keep] + offsets[~keep]
             rows = np.flatnonzero(keep)
-            alive = alive[rows]
-            stats.keep(rows)
-            if len(alive) == 1:
-                break
-    score = stats.mean + offsets[alive]
-    means[alive] = score
-    winner = int(alive[int(score.argmax())])
-    return RaceResult(winner, n_evals, n_rounds, stream.n_drawn >= big_n, stream.n_drawn, means)
+            alive, mean, m2 = alive[rows], mean[rows], _keep(m2, rows)
+        winner = int(alive[0]) if len(alive) == 1 else -1
+        return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, winner)
+
+    def _keep(self, batch, mean, m2, offsets, size) -> tuple[np.ndarray, int]:
+        bound = self.bound
+        if self.config.bound == "normal" and not self.batch_variance:
+            keep_fn = normal_keep_pairwise if self.pairwise else normal_keep_marginal
+            keep, lead = keep_fn(mean, m2, offsets, size, bound.factor(size), bound.floor(size))
+        else:
+            score = mean + offsets
+            lead = int(score.argmax())
+            if self.batch_variance:
+                sigma = (batch[lead] - batch).std(axis=1)
+            elif self.pairwise:
+                var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) / size
+                sigma = np.sqrt(np.maximum(var, 0.0))
+            else:
+                sigma = np.sqrt(np.maximum(m2 / size, 0.0))
+            if isinstance(bound, NormalBound):
+                width = bound.width(sigma, size)
+            else:
+                spread = batch[lead] - batch if self.pairwise else batch
+                width = bound.width(sigma, size, spread.max(axis=1) - spread.min(axis=1))
+            if self.pairwise:
+                keep = score[lead] - score <= width
+            else:
+                keep = score[lead] - width[lead] <= score + width
+            keep[lead] = True
+        if isinstance(bound, NormalBound) and bound.guards_skew and not keep.all():
+            keep = _cochran_guard(batch, lead, keep, self.pairwise, size)
+        return keep, lead
+
+    def exact_look(self, state: RaceState, sums: np.ndarray, n_evaluations: int) -> RaceState:
+        """Decide among the survivors from their exact sums over all observations."""
+        score = sums / self.n_obs + self.offsets[state.alive]
+        means = state.means.copy()
+        means[state.alive] = score
+        winner = int(state.alive[argmax_or_raise(score)])
+        return state._replace(
+            n_drawn=self.n_obs,
+            means=means,
+            n_evaluations=state.n_evaluations + n_evaluations,
+            n_rounds=state.n_rounds + 1,
+            winner=winner,
+        )
+
+    def result(self, state: RaceState) -> RaceResult:
+        """The :class:`~pymc_subsample.racing.common.RaceResult` of a decided race."""
+        means = state.means
+        if np.isnan(means[state.alive]).any():
+            means = means.copy()
+            means[state.alive] = state.mean + self.offsets[state.alive]
+        exhausted = state.n_drawn >= self.n_obs
+        return RaceResult(
+            state.winner, state.n_evaluations, state.n_rounds, exhausted, state.n_drawn, means
+        )
+
+
+def _keep(m2: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    return m2[np.ix_(rows, rows)] if m2.ndim == 2 else m2[rows]
 
 
 def _skewness_squared(values: np.ndarray) -> np.ndarray:
@@ -568,97 +393,246 @@ def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
     return keep
 
 
-def _rescue(rewards, totals, arms, alive, big_n, n_evals, n_rounds, offsets):
-    """All survivors hit −inf: the best arm was dropped earlier; decide exactly."""
-    others = np.setdiff1d(arms, alive)
-    if len(others) == 0:
-        _argmax_or_raise(np.full(1, -np.inf))
-    sums = _totals(rewards, totals, others, big_n) + big_n * offsets[others]
-    winner = int(others[_argmax_or_raise(sums)])
-    return RaceResult(winner, n_evals + big_n * len(others), n_rounds + 1, True, big_n)
+def race_exact(
+    rewards: RewardFn,
+    n_arms: int,
+    n_obs: int,
+    offsets: np.ndarray | None = None,
+    totals: TotalsFn | None = None,
+) -> RaceResult:
+    """The exact reference: every arm on all ``n_obs`` observations (through ``totals`` if given).
+
+    Returns
+    -------
+    RaceResult
+        With the exact means and ``N·D`` evaluations.
+    """
+    arms = np.arange(int(n_arms))
+    offsets = np.zeros(len(arms)) if offsets is None else offsets
+    sums = exact_totals(rewards, arms, n_obs, totals) / n_obs + offsets
+    return RaceResult(argmax_or_raise(sums), n_obs * len(arms), 1, True, n_obs, sums)
 
 
-def _race_independent(
-    rewards, sizes, delta, bound, batch_size, variance, rng, reward_range, offsets
-):
-    """Race arms with their own populations of sizes ``N_i``, compared on totals."""
-    if variance != "marginal":
-        raise ValueError(
-            "arms with different population sizes share no observations: pass variance='marginal'"
-        )
-    if bound == "lilucb":
-        raise ValueError("bound='lilucb' needs a common population size; use 'normal' or 'ebs'")
-    n_arms = len(sizes)
-    if bound == "exact":
-        totals = (
-            np.array(
-                [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in range(n_arms)]
-            )
-            + sizes * offsets
-        )
-        return RaceResult(_argmax_or_raise(totals), int(sizes.sum()), 1, True, int(sizes.max()))
-    delta_arm = delta / n_arms
-    looks = [doubling_schedule(int(n), batch_size) for n in sizes]
-    if bound == "normal":
-        thresholds = np.array(
-            [normal_threshold(lk[:-1], n, delta_arm) for lk, n in zip(looks, sizes, strict=True)]
-        )
-    streams = [IndexStream(int(n), rng) for n in sizes]
-    mean = np.zeros(n_arms)
-    m2 = np.zeros(n_arms)
-    drawn = np.zeros(n_arms, dtype=np.int64)
-    crange = np.zeros(n_arms)
-    alive = np.ones(n_arms, dtype=bool)
-    n_evals = 0
-    n_rounds = 0
-    for t in range(max(len(lk) for lk in looks)):
-        n_rounds += 1
-        for i in np.flatnonzero(alive):
-            target = looks[i][min(t, len(looks[i]) - 1)]
-            idx = streams[i].take(target - drawn[i])
-            if len(idx) == 0:
-                continue
-            batch = checked_rewards(rewards, np.array([i]), idx)[0]
-            n_evals += len(idx)
-            if np.isneginf(batch).any():
-                alive[i] = False
-                mean[i] = -np.inf
-                continue
-            m, bmean = len(batch), batch.mean()
-            n = drawn[i] + m
-            d = bmean - mean[i]
-            m2[i] += ((batch - bmean) ** 2).sum() + d * d * drawn[i] * m / n
-            mean[i] += d * m / n
-            drawn[i] = n
-            crange[i] = batch.max() - batch.min()
-        if not alive.any():  # the best arm was dropped earlier: decide the rest exactly
-            others = np.flatnonzero(np.isfinite(mean))
-            sums = np.array(
-                [exact_totals(rewards, np.array([i]), int(sizes[i]))[0] for i in others]
-            )
-            if len(others) == 0:
-                _argmax_or_raise(np.full(1, -np.inf))
-            sums = sums + sizes[others] * offsets[others]
-            winner = int(others[_argmax_or_raise(sums)])
-            return RaceResult(
-                winner, n_evals + int(sizes[others].sum()), n_rounds, True, int(sizes.max())
-            )
-        sigma = np.sqrt(m2 / np.maximum(drawn, 1))
-        c = crange if reward_range is None else float(reward_range)
-        if bound == "normal":
-            sigma = np.maximum(sigma, rare_event_floor(c, drawn))
-            width = normal_width(thresholds, sigma, np.maximum(drawn, 1), sizes)
-        else:
-            n_looks = np.array([max(len(lk) - 1, 1) for lk in looks])
-            width = ebs_width(delta_arm / n_looks, sigma, np.maximum(drawn, 1), sizes, c)
-        total = np.where(alive, sizes * (mean + offsets), -np.inf)
-        half = sizes * width
-        lead = int(np.argmax(total))
-        drop = alive & (total[lead] - half[lead] > total + half)
-        drop[lead] = False
-        alive &= ~drop
-        if alive.sum() == 1 or (drawn[alive] >= sizes[alive]).all():
+def race_shared(
+    rewards: RewardFn,
+    n_arms: int,
+    n_obs: int,
+    config: RaceConfig,
+    *,
+    rng: np.random.Generator,
+    offsets: np.ndarray | None = None,
+    totals: TotalsFn | None = None,
+) -> RaceResult:
+    r"""Run a race on a population shared by all arms (Chen & Ghahramani 2016, Alg. 1).
+
+    Shared mini-batches are drawn without replacement on the schedule
+    ``config.looks(n_obs)``; after each, with :math:`\hat x` the current
+    leader, arm :math:`i` is dropped when
+
+    - pairwise: :math:`\hat\mu_{\hat x} - \hat\mu_i > G(\delta/(D-1), T, \hat\sigma_{\hat x,i})`
+    - marginal: :math:`\hat\mu_{\hat x} - G(\delta/D, T, \hat\sigma_{\hat x}) >
+      \hat\mu_i + G(\delta/D, T, \hat\sigma_i)`.
+
+    The last look is at :math:`N`: through ``totals`` (one fused pass) when
+    fewer than half of the observations were drawn before it, else by
+    drawing the rest. An arm with a −inf reward is dropped at once; identical
+    arms end at :math:`T = N` and the lowest index wins.
+
+    Parameters
+    ----------
+    rewards : callable
+        ``rewards(arms, idx)``, shape ``(len(arms), n)`` for ``n`` observations
+        ``idx`` (an int64 array, or a ``slice`` with ``batches="windows"``).
+    n_arms, n_obs : int
+        :math:`D` and :math:`N`.
+    config : RaceConfig
+        Settings.
+    rng : numpy.random.Generator
+        Source of the index draws (or of the window's start).
+    offsets : numpy.ndarray, optional
+        Constant per arm added to its mean reward.
+    totals : callable, optional
+        ``totals(arms)``: each arm's sum over all :math:`N` observations in
+        one call; an exact look through it counts :math:`N` evaluations per
+        surviving arm.
+
+    Returns
+    -------
+    RaceResult
+    """
+    kernel = SharedRace(config, n_arms, n_obs, offsets)
+    state = kernel.init()
+    if kernel.n_arms == 1:
+        return kernel.result(state._replace(means=kernel.offsets.astype(float)))
+    if config.batches == "windows":
+        stream = CyclicWindows(n_obs, int(rng.integers(n_obs)))
+    else:
+        stream = IndexStream(n_obs, rng, reuse_stamps=True)
+    for size in kernel.looks:
+        if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:
+            sums = exact_totals(rewards, state.alive, n_obs, totals)
+            state = kernel.exact_look(state, sums, n_obs * len(state.alive))
             break
-    total = np.where(alive, sizes * (mean + offsets), -np.inf)
-    winner = _argmax_or_raise(total)
-    return RaceResult(winner, n_evals, n_rounds, bool((drawn >= sizes).any()), int(drawn.max()))
+        k = int(size) - state.n_drawn
+        batch, finite = checked_rewards(rewards, state.alive, stream.take(k), k)
+        state = kernel.update(state, batch, finite)
+        if len(state.alive) == 0:
+            return _rescue(kernel, state, rewards, totals)
+        if state.winner >= 0:
+            break
+    return kernel.result(state)
+
+
+def _rescue(kernel: SharedRace, state: RaceState, rewards, totals) -> RaceResult:
+    """All survivors hit −inf: the best arm was dropped earlier; decide the others exactly."""
+    others = np.flatnonzero(np.isfinite(state.means))
+    if len(others) == 0:
+        argmax_or_raise(np.full(1, -np.inf))
+    n_obs = kernel.n_obs
+    sums = exact_totals(rewards, others, n_obs, totals) / n_obs + kernel.offsets[others]
+    means = state.means.copy()
+    means[others] = sums
+    winner = int(others[argmax_or_raise(sums)])
+    n_evals = state.n_evaluations + n_obs * len(others)
+    return RaceResult(winner, n_evals, state.n_rounds + 1, True, n_obs, means)
+
+
+def race(
+    rewards: RewardFn,
+    n_arms: int,
+    n_obs: int | Sequence[int],
+    *,
+    delta: float = 0.05,
+    bound: str = "normal",
+    batch_size: int = 50,
+    variance: str = "pairwise",
+    rng: np.random.Generator | int | None = None,
+    reward_range: float | None = None,
+    schedule: Sequence[int] | None = None,
+    offsets: np.ndarray | None = None,
+    exact_after: int | None = None,
+    totals: TotalsFn | None = None,
+    skew_guard: bool = True,
+    config: RaceConfig | None = None,
+) -> RaceResult:
+    r"""Identify the arm of highest total reward, with error at most ``delta``.
+
+    One entry point for every race: Racing-Normal and Racing-EBS on a shared
+    population (:func:`race_shared` with a :class:`RaceConfig` built from the
+    keywords, or ``config`` itself), adapted lil'UCB
+    (:func:`~pymc_subsample.racing.lilucb.lil_ucb`), arms with populations
+    of their own (:func:`~pymc_subsample.racing.independent.race_independent`),
+    and the exact reference (:func:`race_exact`). Keywords that do not apply
+    to the chosen algorithm raise an error instead of being ignored.
+
+    Parameters
+    ----------
+    rewards : callable
+        ``rewards(arms, idx)`` returns ``l[arms][:, idx]``, shape
+        ``(len(arms), len(idx))``, for 0-based integer arrays. Entries must be
+        finite or −inf.
+    n_arms : int
+        Number of arms :math:`D`.
+    n_obs : int or sequence of int
+        Population size :math:`N`, shared by all arms; or one size :math:`N_i`
+        per arm: the arms are then independent populations
+        (``rewards`` is called one arm at a time, ``idx`` indexing that arm's
+        own population), compared on totals :math:`N_i \hat\mu_i`, with
+        ``variance="marginal"``.
+    delta : float
+        Probability of returning a wrong arm, in (0, 1).
+    bound : {"normal", "ebs", "lilucb", "exact"}
+        The algorithm (see :class:`RaceConfig` for the first two).
+    batch_size : int
+        First mini-batch size :math:`m^{(1)}` (paper: 50 for Normal, 2 for EBS).
+    variance : {"pairwise", "marginal"}
+        See :class:`RaceConfig`.
+    rng : numpy.random.Generator or int, optional
+        Source of the index draws.
+    reward_range : float, optional
+        See :class:`RaceConfig`; lil'UCB uses :math:`C/2` as its scale.
+    schedule : sequence of int, optional
+        See :class:`RaceConfig`.
+    offsets : array_like, optional
+        A constant per arm added to its mean reward (the race then compares
+        :math:`\mu_i + o_i`).
+    exact_after : int, optional
+        Largest cumulative sample size drawn as a subset; the next look is at
+        :math:`N` (``ExactSwitch.after_size(exact_after)``).
+    totals : callable, optional
+        ``totals(arms)`` returns :math:`\sum_{n=1}^N l_{i,n}` in one call, used
+        by exact looks.
+    skew_guard : bool
+        See :class:`RaceConfig`.
+    config : RaceConfig, optional
+        Settings for a shared-index race, instead of the keywords above.
+
+    Returns
+    -------
+    RaceResult
+
+    Raises
+    ------
+    ValueError
+        For ``delta`` outside (0, 1), an unknown ``bound`` or ``variance``,
+        ``batch_size < 2``, ``n_arms < 1``, ``n_obs < 1``, a keyword that does
+        not apply to ``bound``, or a ``rewards`` callback that returns the
+        wrong shape, NaN or +inf; or when every arm has a −inf reward.
+    """
+    if config is not None:
+        bound = config.bound
+    delta = validate_race_args(delta, bound, batch_size, variance, n_arms)
+    rng = np.random.default_rng(rng)
+    n_arms = int(n_arms)
+    offsets = np.zeros(n_arms) if offsets is None else np.asarray(offsets, dtype=float)
+    if offsets.shape != (n_arms,) or not np.isfinite(offsets).all():
+        raise ValueError(f"offsets must be {n_arms} finite numbers, got {offsets!r}")
+    sizes = np.atleast_1d(np.asarray(n_obs))
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
+        raise ValueError(f"n_obs must be a positive integer or one per arm, got {n_obs!r}")
+    if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
+        raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
+    if len(sizes) > 1 or (np.ndim(n_obs) == 1 and n_arms > 1):
+        if len(sizes) != n_arms:
+            raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")
+        if not (sizes == sizes[0]).all():
+            _refuse(bound, schedule=schedule, exact_after=exact_after, totals=totals)
+            from .independent import race_independent
+
+            return race_independent(
+                rewards, sizes, delta=delta, bound=bound, batch_size=int(batch_size),
+                variance=variance, rng=rng, reward_range=reward_range, offsets=offsets,
+            )  # fmt: skip
+    big_n = int(sizes[0])
+    if bound == "exact":
+        _refuse(bound, schedule=schedule, exact_after=exact_after)
+        return race_exact(rewards, n_arms, big_n, offsets, totals)
+    if bound == "lilucb":
+        _refuse(bound, schedule=schedule, exact_after=exact_after, totals=totals)
+        from .lilucb import lil_ucb
+
+        return lil_ucb(
+            rewards, n_arms, big_n, delta=delta, batch_size=int(batch_size), rng=rng,
+            reward_range=reward_range, offsets=offsets,
+        )  # fmt: skip
+    if config is None:
+        config = RaceConfig(
+            delta=delta, bound=bound, variance=variance, batch_size=int(batch_size),
+            reward_range=reward_range, schedule=None if schedule is None else tuple(schedule),
+            exact=ExactSwitch(None if exact_after is None else max(int(exact_after), 0)),
+            skew_guard=skew_guard,
+        )  # fmt: skip
+    return race_shared(rewards, n_arms, big_n, config, rng=rng, offsets=offsets, totals=totals)
+
+
+def _refuse(bound: str, **hooks) -> None:
+    """Raise when a shared-index hook is passed to an algorithm that cannot honour it."""
+    given = [name for name, value in hooks.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} only apply to the shared-index races ('normal', 'ebs'); "
+            f"bound={bound!r} cannot honour them: drop them or choose bound='normal'"
+        )
+
+
+__all__ += ["BOUNDS", "VARIANCES"]

@@ -1,17 +1,28 @@
 """Mini-batch schedules and index draws without replacement.
 
-The race of seed 000 (Alg. 1) looks at the data at cumulative sample sizes
-``T(1) < T(2) < ... < T(t*) = N``. This module builds that schedule and draws
-the indices, without replacement, at a cost proportional to the batch.
+The race of Chen & Ghahramani (2016, Alg. 1) looks at the data at cumulative sample sizes
+``T(1) < T(2) < ... < T(t*) = N``. This module builds that schedule, draws
+the indices without replacement at a cost proportional to the batch
+(:class:`IndexStream`), or reads them as contiguous windows of a randomly
+permuted population (:class:`CyclicWindows`), and holds the policy that ends a
+race with one exact pass (:class:`ExactSwitch`).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["IndexStream", "doubling_schedule", "random_positions", "skip_taken"]
+__all__ = [
+    "CyclicWindows",
+    "ExactSwitch",
+    "IndexStream",
+    "doubling_schedule",
+    "random_positions",
+    "skip_taken",
+]
 
 
 def random_positions(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -78,7 +89,7 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
 
     .. math:: T^{(t)} = \min(m^{(1)} 2^{t-1}, N), \qquad t = 1, \dots, t^*,
 
-    with :math:`t^* = \lceil \log_2 (N / m^{(1)}) \rceil + 1` (seed 000, Sec. 3.3).
+    with :math:`t^* = \lceil \log_2 (N / m^{(1)}) \rceil + 1` (Chen & Ghahramani 2016, Sec. 3.3).
     The last entry is always ``n_obs``, so a race that reaches it is exact.
 
     Parameters
@@ -242,3 +253,95 @@ class IndexStream:
         self._chunks.append(new)
         self.n_drawn += k
         return new
+
+
+class CyclicWindows:
+    r"""Consecutive windows of positions ``start, start+1, ...`` of ``range(n)``, cyclically.
+
+    When the population is stored in a uniformly random order (a row
+    permutation :math:`\pi` of the data), the first :math:`T` positions read
+    from a uniformly random ``start`` are a uniformly random :math:`T`-subset
+    drawn without replacement, nested across looks, as a race needs; and each
+    window is a contiguous slice of the permuted data, read without a gather.
+    A window that wraps around the end is returned as an index array.
+
+    Parameters
+    ----------
+    n : int
+        Population size.
+    start : int
+        First position, in ``range(n)``.
+
+    Attributes
+    ----------
+    n_drawn : int
+        Number of positions read so far.
+    """
+
+    def __init__(self, n: int, start: int):
+        self.n = int(n)
+        self.start = int(start) % self.n
+        self.n_drawn = 0
+
+    def take(self, k: int) -> slice | np.ndarray:
+        """Read the next ``k`` positions: a ``slice``, or an int64 array across the end."""
+        k = int(k)
+        if k > self.n - self.n_drawn:
+            raise ValueError(f"cannot read {k} new positions: only {self.n - self.n_drawn} remain")
+        lo = self.start + self.n_drawn
+        if lo >= self.n:
+            lo -= self.n
+        self.n_drawn += k
+        hi = lo + k
+        if hi <= self.n:
+            return slice(lo, hi)
+        return np.concatenate([np.arange(lo, self.n), np.arange(0, hi - self.n)])
+
+
+@dataclass(frozen=True)
+class ExactSwitch:
+    """When a race stops subsampling and decides with one exact pass over all observations.
+
+    A race draws growing batches on its schedule as long as the cumulative
+    sample size stays at or below ``after``; its next look evaluates the
+    surviving arms on all :math:`N` observations at once (through a fused
+    ``totals`` callback when one is given), which is exact. Build it with
+    :meth:`never`, :meth:`at_once` or :meth:`after_size`.
+
+    Attributes
+    ----------
+    after : int or None
+        Largest cumulative sample size raced on subsets; None races the whole
+        schedule; 0 decides exactly at once.
+    """
+
+    after: int | None = None
+
+    @classmethod
+    def never(cls) -> ExactSwitch:
+        """Race on the whole schedule, as in the paper."""
+        return cls(None)
+
+    @classmethod
+    def at_once(cls) -> ExactSwitch:
+        """Decide every race exactly, with no subsampled look."""
+        return cls(0)
+
+    @classmethod
+    def after_size(cls, size: int) -> ExactSwitch:
+        """Race while at most ``size`` observations have been drawn, then decide exactly."""
+        if int(size) != size or size < 0:
+            raise ValueError(f"the exact switch needs a size >= 0, got {size!r}")
+        return cls(int(size))
+
+    @property
+    def decides_at_once(self) -> bool:
+        """True when no look is subsampled."""
+        return self.after == 0
+
+    def truncate(self, looks: np.ndarray, n_obs: int) -> np.ndarray:
+        """Drop the looks beyond the switch from ``looks`` (below ``n_obs``) and append ``n_obs``."""
+        looks = looks[looks < n_obs]
+        if self.after is not None:
+            looks = looks[looks <= self.after]
+        return np.append(looks, n_obs).astype(np.int64)
