@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor.tensor as pt
+from pymc.blocking import DictToArrayBijection, RaveledVars
 from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.traversal import graph_inputs
 
-from .graph import _as_value_vars, _depends_on
+from .graph import _as_value_vars, block_terms
 
 __all__ = ["BlockConditional"]
 
@@ -48,11 +49,10 @@ class BlockConditional:
         self.shapes = [np.shape(initial_point[v.name]) for v in self.vars]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.dim = sum(self.sizes)
-        terms = [
-            model.logp(vars=[rv], sum=True)
-            for rv in model.free_RVs + model.observed_RVs
-            if _depends_on(model.logp(vars=[rv], sum=True), self.vars)
-        ]
+        terms = block_terms(model, self.vars, model.free_RVs + model.observed_RVs)
+        self._info = DictToArrayBijection.map(
+            {v.name: np.asarray(initial_point[v.name]) for v in self.vars}
+        ).point_map_info
         logp = pt.add(*terms) if len(terms) > 1 else terms[0]
         flat = pt.matrix("block_points", dtype="float64")
         replace, start = {}, 0
@@ -72,15 +72,12 @@ class BlockConditional:
 
     def flatten(self, point: dict) -> np.ndarray:
         """Return the block's values in ``point`` as one flat float64 vector."""
-        return np.concatenate([np.ravel(point[v.name]).astype(np.float64) for v in self.vars])
+        raveled = DictToArrayBijection.map({v.name: np.asarray(point[v.name]) for v in self.vars})
+        return raveled.data.astype(np.float64)
 
     def unflatten(self, flat: np.ndarray) -> dict:
         """Return ``{name: value}`` for a flat vector of the block."""
-        out, start = {}, 0
-        for v, shape, size in zip(self.vars, self.shapes, self.sizes, strict=True):
-            out[v.name] = flat[start : start + size].reshape(shape).astype(v.dtype)
-            start += size
-        return out
+        return DictToArrayBijection.rmap(RaveledVars(flat, self._info))
 
     def __call__(self, x: np.ndarray, point: dict) -> np.ndarray:
         r"""Return :math:`\log p(\theta_i \mid \text{rest})` for rows ``x`` of shape ``(k, d)``.

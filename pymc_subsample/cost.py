@@ -94,7 +94,7 @@ def choose_exact_after(
     batch_size: int,
     round_cost: tuple[float, float],
     exact_seconds: float,
-    budget: float = 0.3,
+    budget: float = 0.2,
 ) -> int:
     """Largest look whose cumulative predicted race cost is within ``budget`` of exact.
 

@@ -2,7 +2,8 @@ r"""SubsampledCategoricalGibbs: Gibbs updates of discrete variables by racing.
 
 The full conditional of a discrete variable :math:`X \in \{0..D-1\}` is
 :math:`p(X=i \mid \cdot) \propto f_0(i) \prod_{n=1}^N f_n(i)`; each draw is
-:func:`~pymc_subsample.racing.sample_categorical` on it (seed 000, Sec. 2–3),
+:func:`~pymc_subsample.racing.sample_categorical` on it (Chen & Ghahramani
+2016, Sec. 2–3),
 so its law is within total variation :math:`\delta` of the exact conditional.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
-from .graph import ObservationTerms
 from .racing import RaceResult, sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
@@ -50,7 +50,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     (:class:`~pymc_subsample.graph.ObservationTerms`). The draw is Gumbel-max
     with a race on growing shared mini-batches
     (:func:`~pymc_subsample.racing.sample_categorical`): its law is within total
-    variation ``delta`` of the exact conditional (seed 000, Prop. 1 and 3, under
+    variation ``delta`` of the exact conditional (Chen & Ghahramani 2016, Prop. 1 and 3, under
     the bound's assumptions); ``bound="exact"`` is an exact Gibbs draw over all
     :math:`N` observations.
 
@@ -77,24 +77,31 @@ class SubsampledCategoricalGibbs(RacingStep):
         A bound on the range of :math:`\log f_n(i)` over observations, used by
         ``"ebs"`` and ``"lilucb"`` and as Racing-Normal's rare-event floor.
     exact_fraction : float or "auto"
-        Once a race has drawn this fraction of the :math:`N` observations, its
-        next look evaluates the surviving candidates on all observations in
-        one fused pass (exact). That pass costs much less per term than
-        gathering a large subset, so stopping the race early caps the cost of a
-        hard (diffuse) draw near that of an exact Gibbs draw. The default 1/64
-        suits cheap terms (a fused pass is 10–50 times cheaper per term than a
-        gathered subset); expensive terms (long linear predictors, special
-        functions) gain from larger values. When the fraction leaves fewer
-        than three looks (:math:`fN < 4 m^{(1)}`), every draw is decided
-        exactly at once: so short a race cannot pay for its overhead. ``1``
-        races on the whole doubling schedule, as in the paper. ``"auto"`` times
-        the model's subset and full
-        evaluations at construction and picks the largest look whose predicted
-        race cost stays within 30% of an exact decision
-        (:func:`~pymc_subsample.cost.choose_exact_after`); timings vary, so two
-        separately built ``"auto"`` steps may choose differently and their
-        draws then differ for the same ``random_seed`` (a step object always
-        reproduces its own runs). The value used is kept in ``exact_after``.
+        When a race stops subsampling: once it has drawn this fraction of the
+        :math:`N` observations, its next look evaluates the surviving
+        candidates on all observations in one fused pass (exact), so that a
+        hard (diffuse) draw costs little more than an exact Gibbs draw.
+        ``"auto"`` (default) times the model's batch and fused evaluations
+        at construction and picks the largest look whose predicted race cost
+        stays within 20% of an exact decision
+        (:func:`~pymc_subsample.cost.choose_exact_after`), or decides every
+        draw exactly when even a first look would not pay (small :math:`N`).
+        Timings vary, so two separately built ``"auto"`` steps may choose
+        differently and their draws then differ for the same
+        ``random_seed`` (a step object always reproduces its own runs); pass
+        a number for bit-for-bit reproducibility across builds. ``1`` races on
+        the whole doubling schedule, as in the paper. The choice is kept in
+        :attr:`exact_switch`.
+    batches : {"windows", "random"}
+        ``"windows"`` (default): races read contiguous windows of a
+        row-permuted copy of the per-observation data (one more copy in
+        memory; as cheap per term as a fused pass). ``"random"``: gathers of
+        random rows, no copy (for data that do not fit twice in memory).
+    shuffle_every : int
+        Draws between redraws of the row permutation (each redraw is one pass
+        over the data). Every race stays uniformly random without replacement
+        whatever the value; races that share a permutation are dependent,
+        which the audits in the documentation measure.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
 
@@ -128,29 +135,34 @@ class SubsampledCategoricalGibbs(RacingStep):
         data=None,
         audit_every: int = 0,
         reward_range: float | None = None,
-        exact_fraction: float | str = 1.0 / 64,
+        exact_fraction: float | str = "auto",
+        batches: str = "windows",
+        shuffle_every: int = 1000,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
     ):
-        import pymc as pm
-
-        model = pm.modelcontext(model)
-        self._init_racing(delta, bound, batch_size, variance, audit_every, reward_range, rng)
-        if initial_point is None:
-            initial_point = model.initial_point()
-        self.terms = ObservationTerms(
-            model, vars, data=data, initial_point=initial_point, compile_kwargs=compile_kwargs
+        super().__init__(
+            vars,
+            delta=delta,
+            bound=bound,
+            batch_size=batch_size,
+            variance=variance,
+            audit_every=audit_every,
+            reward_range=reward_range,
+            data=data,
+            batches=batches,
+            shuffle_every=shuffle_every,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            compile_kwargs=compile_kwargs,
+            blocked=blocked,
         )
-        self.vars = self.terms.vars
-        self.n_categories = [_n_categories(model, v, initial_point) for v in self.vars]
-        self.exact_after = self._resolve_exact_after(
-            exact_fraction, max(self.n_categories), initial_point
-        )
-        self.blocked = blocked
-        self.tune = False
+        self.n_categories = [_n_categories(self.model, v, self.initial_point) for v in self.vars]
+        self._set_exact_switch(exact_fraction, max(self.n_categories))
 
     @staticmethod
     def _exact_draw(log_f0, totals, noise, n_obs):
@@ -172,8 +184,9 @@ class SubsampledCategoricalGibbs(RacingStep):
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""
         point = dict(point)
-        audit = self._audit_due()
-        n_obs = self.terms.n_obs
+        audit = self._begin_draw()
+        terms = self.terms
+        n_obs = terms.n_obs
         n_evals = n_rounds = budget = 0
         exhausted = False
         agree = True
@@ -187,32 +200,27 @@ class SubsampledCategoricalGibbs(RacingStep):
                 cand_j = np.repeat(flat[None], n_cat, axis=0)
                 cand_j[:, k] = values
                 cands[j] = cand_j.reshape((n_cat, *current[j].shape))
-                log_f0 = self.terms.exact(cands, point)
+                log_f0 = terms.log_f0(cands, point)
 
                 def rewards(arms, idx, cands=cands):
-                    return self.terms.terms([c[arms] for c in cands], idx, point)
+                    return terms.loglik_batch([c[arms] for c in cands], idx, point)
 
                 def totals(arms, cands=cands):
-                    return self.terms.totals([c[arms] for c in cands], point)
+                    return terms.loglik_sum([c[arms] for c in cands], point)
 
                 noise = self.rng.gumbel(size=n_cat)
-                if self.exact_after == 0 or self.bound == "exact":
-                    # decided exactly at once: Gumbel-max on the fused totals
+                if self.decides_exactly:  # Gumbel-max on the fused totals
                     value, res = self._exact_draw(log_f0, totals, noise, n_obs)
                 else:
                     value, res = sample_categorical(
                         log_f0,
                         rewards,
                         n_obs,
-                        delta=self.delta,
-                        bound=self.bound,
-                        batch_size=self.batch_size,
-                        variance=self.variance,
                         rng=self.rng,
-                        reward_range=self.reward_range,
                         noise=noise,
-                        exact_after=self.exact_after,
                         totals=totals,
+                        config=self.race_config,
+                        **self._race_kwargs(),
                     )
                     if audit:
                         exact, _ = self._exact_draw(log_f0, totals, noise, n_obs)
@@ -233,3 +241,14 @@ class SubsampledCategoricalGibbs(RacingStep):
             "audit_agree": (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit else AUDIT_NOT_RUN,
         }
         return point, [stats]
+
+    def _race_kwargs(self) -> dict:
+        """Keywords of :func:`sample_categorical` for lil'UCB (no :class:`RaceConfig`)."""
+        if self.race_config is not None:
+            return {}
+        return {
+            "delta": self.delta,
+            "bound": self.bound,
+            "batch_size": self.batch_size,
+            "reward_range": self.reward_range,
+        }

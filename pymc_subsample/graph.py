@@ -9,19 +9,22 @@ with :math:`\log f_n` the log-likelihood of observation :math:`n` (summed over
 every observed variable that depends on :math:`\theta` and over trailing event
 dimensions) and :math:`\log f_0` everything else that involves :math:`\theta`
 (its prior, Jacobian, and the log densities of other free variables whose
-parameters depend on it). :class:`ObservationTerms` compiles
+parameters depend on it). :class:`ObservationTerms` compiles, for
+candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
 
-* ``subset``: :math:`\log f_n(\theta_k)` for candidates :math:`\theta_1..\theta_K`
-  and observations ``idx``, shape ``(K, len(idx))``, by replacing every
+* :meth:`~ObservationTerms.loglik_subset`: :math:`\log f_n(\theta_k)` on
+  observations ``idx``, shape ``(K, len(idx))``, by replacing every
   per-observation data input :math:`D` (a ``pm.Data`` with :math:`N` rows) by
-  ``D[idx]``, so the cost grows with ``len(idx)``, not with :math:`N`
-  (``PYMC_NOTES.md``);
-* ``full``: the same on all :math:`N` observations, shape ``(K, N)``;
-* ``totals``: :math:`\sum_n \log f_n(\theta_k)`, shape ``(K,)``, summed inside
-  the compiled graph (one fused pass over the data, no ``(K, N)`` array);
-* ``exact``: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
+  ``D[idx]``, so the cost grows with ``len(idx)``, not with :math:`N`;
+* :meth:`~ObservationTerms.loglik_batch`: the same on a contiguous window of a
+  row-permuted copy of the data (a slice, no gather: as cheap per term as a
+  fused pass), the layout races read by default;
+* :meth:`~ObservationTerms.loglik_full`: all :math:`N` observations, ``(K, N)``;
+* :meth:`~ObservationTerms.loglik_sum`: :math:`\sum_n \log f_n(\theta_k)`,
+  shape ``(K,)``, summed inside the compiled graph (one fused pass);
+* :meth:`~ObservationTerms.log_f0`: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
 
-All three take the other value variables from a point dictionary.
+All of them take the other value variables from a point dictionary.
 """
 
 from __future__ import annotations
@@ -29,13 +32,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs
 
-__all__ = ["ModelSplitError", "ObservationTerms", "continuous_value_vars"]
+__all__ = [
+    "BATCH_LAYOUTS",
+    "ModelSplitError",
+    "ObservationTerms",
+    "block_terms",
+    "continuous_value_vars",
+]
+
+#: Names accepted by ``ObservationTerms(batches=...)``.
+BATCH_LAYOUTS = ("windows", "random")
 
 
 class ModelSplitError(ValueError):
@@ -69,6 +82,27 @@ def _depends_on(graph, variables) -> bool:
     return any(a in targets for a in ancestors([graph]))
 
 
+def block_terms(model, value_vars, rvs) -> list:
+    """Return the summed log densities of those ``rvs`` whose log density involves the block.
+
+    Parameters
+    ----------
+    model : pymc.Model
+        The model.
+    value_vars : sequence
+        The block's value variables.
+    rvs : sequence
+        Random variables to consider (free, observed, or both).
+
+    Returns
+    -------
+    list
+        One scalar graph per variable of ``rvs`` that depends on the block.
+    """
+    terms = [model.logp(vars=[rv], sum=True) for rv in rvs]
+    return [t for t in terms if _depends_on(t, value_vars)]
+
+
 class ObservationTerms:
     """Per-observation log-likelihood terms of a block of variables, on index subsets.
 
@@ -87,6 +121,13 @@ class ObservationTerms:
         Point used to find :math:`N` and to check the subset graph.
     compile_kwargs : dict, optional
         Passed to ``model.compile_fn``.
+    batches : {"windows", "random"}
+        ``"windows"`` (default) keeps a row-permuted copy of every
+        per-observation data input (memory: one more copy of them), so that
+        :meth:`loglik_batch` reads contiguous slices; :meth:`shuffle` redraws
+        the permutation. ``"random"`` keeps no copy: batches are gathers of
+        rows (10–50 times dearer per term for cheap terms), for data that do
+        not fit twice in memory.
 
     Attributes
     ----------
@@ -119,7 +160,11 @@ class ObservationTerms:
         data: Sequence | None = None,
         initial_point: dict | None = None,
         compile_kwargs: dict | None = None,
+        batches: str = "windows",
     ):
+        if batches not in BATCH_LAYOUTS:
+            raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
+        self.batches = batches
         self.vars = _as_value_vars(model, vars)
         point = model.initial_point() if initial_point is None else initial_point
         compile_kwargs = dict(compile_kwargs or {})
@@ -160,11 +205,7 @@ class ObservationTerms:
         for lp in per_obs[1:]:
             loglik = loglik + lp
 
-        exact_terms = [
-            model.logp(vars=[rv], sum=True)
-            for rv in model.free_RVs
-            if _depends_on(model.logp(vars=[rv], sum=True), self.vars)
-        ] + scalar_obs
+        exact_terms = block_terms(model, self.vars, model.free_RVs) + scalar_obs
         log_f0 = pt.add(*exact_terms) if len(exact_terms) > 1 else exact_terms[0]
 
         self.data = self._find_data(model, loglik, data, observed)
@@ -173,6 +214,19 @@ class ObservationTerms:
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
         self._graphs = (idx, subset, log_f0)
+        start, stop = pt.lscalar("start"), pt.lscalar("stop")
+        self._perm = np.arange(self.n_obs)
+        self._permuted = []
+        if batches == "windows":
+            self._permuted = [
+                pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
+                for d in self.data
+            ]
+            window = graph_replace(
+                loglik,
+                {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},
+                strict=False,
+            )
         self._model = model
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
@@ -181,7 +235,8 @@ class ObservationTerms:
             for v in self.vars
         ]
         batch = dict(zip(self.vars, self._cands, strict=True))
-        outs = [vectorize_graph(g, replace=batch) for g in (subset, loglik, log_f0, loglik.sum())]
+        graphs = [subset, loglik, log_f0, loglik.sum()] + ([window] if self._permuted else [])
+        outs = [vectorize_graph(g, replace=batch) for g in graphs]
         used = set()
         for g in outs:
             used |= set(graph_inputs([g]))
@@ -199,7 +254,16 @@ class ObservationTerms:
         self._totals_fn = model.compile_fn(
             outs[3], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
-        self._subset_fn.trust_input = True  # inputs are coerced in subset(): ~10 µs a call less
+        self._subset_fn.trust_input = True  # inputs are coerced before the call: ~10 µs less
+        self._window_fn = None
+        if self._permuted:
+            self._window_fn = model.compile_fn(
+                outs[4],
+                inputs=[*self._cands, start, stop, *self.inputs],
+                point_fn=False,
+                **compile_kwargs,
+            )
+            self._window_fn.trust_input = True
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
         self._check_subset(point, names)
@@ -280,8 +344,8 @@ class ObservationTerms:
         idx = np.sort(rng.choice(self.n_obs, size=min(self.n_obs, 7), replace=False))
         cands = [np.asarray(point[v.name])[None] for v in self.vars]
         try:
-            sub = self.subset(cands, idx, point)
-            full = self.full(cands, point)[:, idx]
+            sub = self.loglik_subset(cands, idx, point)
+            full = self.loglik_full(cands, point)[:, idx]
             ok = sub.shape == full.shape and np.allclose(
                 sub, full, rtol=1e-7, atol=1e-10, equal_nan=True
             )
@@ -327,8 +391,25 @@ class ObservationTerms:
         ]
         return cands, others
 
-    def subset(self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict) -> np.ndarray:
-        r"""Terms :math:`\log f_n(\theta_k)` on observations ``idx``.
+    def shuffle(self, rng: np.random.Generator) -> None:
+        """Redraw the row permutation behind :meth:`loglik_batch` (one pass over the data).
+
+        Every window of positions read from a uniformly random start is then a
+        uniformly random subset of observations drawn without replacement.
+        Without a permuted copy (``batches="random"``) only the permutation
+        itself is redrawn.
+        """
+        self._perm = rng.permutation(self.n_obs)
+        for d, p in zip(self.data, self._permuted, strict=True):
+            p.set_value(d.get_value(borrow=True)[self._perm], borrow=True)
+
+    def loglik_subset(
+        self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict
+    ) -> np.ndarray:
+        r"""Terms :math:`\log f_n(\theta_k)` on observations ``idx`` (rows of the data).
+
+        Through the full function when ``idx`` covers a third of :math:`N`
+        (gathering most rows costs more than evaluating all of them).
 
         Parameters
         ----------
@@ -344,16 +425,55 @@ class ObservationTerms:
         numpy.ndarray
             Shape ``(K, len(idx))``.
         """
+        if 3 * len(idx) >= self.n_obs:
+            return self.loglik_full(candidates, point)[:, idx]
         cands, others = self._exact_arrays(candidates, point)
         return self._subset_fn(*cands, np.asarray(idx, dtype=np.int64), *others)
 
-    def full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+    def loglik_batch(
+        self, candidates: Sequence[np.ndarray], positions: slice | np.ndarray, point: dict
+    ) -> np.ndarray:
+        r"""Terms on the observations at ``positions`` of the current row permutation.
+
+        Parameters
+        ----------
+        candidates : sequence of numpy.ndarray
+            One array per block variable, shape ``(K, *var.shape)``.
+        positions : slice or numpy.ndarray
+            A contiguous window (read from the permuted copy, no gather) or
+            int64 positions (gathered, e.g. a window that wraps around).
+        point : dict
+            Values of the other value variables.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(K, n)`` for ``n`` positions.
+        """
+        if isinstance(positions, slice):
+            if self._window_fn is None:
+                return self.loglik_subset(candidates, self._perm[positions], point)
+            cands, others = self._exact_arrays(candidates, point)
+            start = np.asarray(positions.start, dtype=np.int64)
+            stop = np.asarray(positions.stop, dtype=np.int64)
+            return self._window_fn(*cands, start, stop, *others)
+        return self.loglik_subset(candidates, self._perm[positions], point)
+
+    def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
+        """Return the data rows at ``positions`` of the current row permutation."""
+        return self._perm[positions]
+
+    def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         return self._full_fn(*candidates, *self._others(point))
 
-    def totals(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+    def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
         return np.asarray(self._totals_fn(*candidates, *self._others(point)), dtype=np.float64)
+
+    def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
+        r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""
+        return np.asarray(self._exact_fn(*candidates, *self._others(point)), dtype=np.float64)
 
     def gradient(
         self, values: Sequence[np.ndarray], idx: np.ndarray, point: dict
@@ -390,17 +510,3 @@ class ObservationTerms:
         out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *self._others(point))
         k = len(self.vars)
         return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
-
-    def exact(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
-        r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""
-        return np.asarray(self._exact_fn(*candidates, *self._others(point)), dtype=np.float64)
-
-    def terms(self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict) -> np.ndarray:
-        """Like :meth:`subset`, through the full function when ``idx`` covers a third of N.
-
-        Gathering most rows costs more than evaluating all of them
-        (``PYMC_NOTES.md``).
-        """
-        if 3 * len(idx) >= self.n_obs:
-            return self.full(candidates, point)[:, idx]
-        return self.subset(candidates, idx, point)

@@ -1,7 +1,7 @@
 r"""RacingMetropolis: Metropolis–Hastings whose accept test is a race on mini-batches.
 
 MH from :math:`x` to :math:`x' \sim q(\cdot \mid x)` with :math:`u \sim U(0,1)` is a
-two-arm race (seed 000, Sec. 4; ``ALGORITHMS.md`` §3):
+two-arm race (Chen & Ghahramani 2016, Sec. 4; :func:`~pymc_subsample.racing.mh_test`):
 
 .. math::
     l_{x',n} = \log f_n(x') + \frac{\log f_0(x') + \log q(x \mid x')}{N}, \qquad
@@ -20,10 +20,9 @@ import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
 from .control_variates import taylor_control_variate
-from .graph import ObservationTerms, continuous_value_vars
+from .graph import continuous_value_vars
 from .proposals import langevin_proposal, random_walk_proposal
-from .racing import race
-from .racing.schedule import IndexStream
+from .racing import IndexStream, mh_test, race_exact, residual_callbacks
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
@@ -50,7 +49,7 @@ class RacingMetropolis(RacingStep):
         Continuous variables (or their value variables).
     delta : float
         Error allowed per accept/reject decision, in (0, 1).
-    bound : {"normal", "ebs", "lilucb", "exact"}
+    bound : {"normal", "ebs", "exact"}
         Racing bound (:func:`~pymc_subsample.racing.race`); ``"exact"`` is plain MH.
     batch_size : int
         First mini-batch size. Racing-Normal MH is biased when the test is
@@ -85,7 +84,7 @@ class RacingMetropolis(RacingStep):
     control_variates : bool
         Default True. Race on the residuals of a first-order Taylor expansion of each term
         around a reference point (:mod:`pymc_subsample.control_variates`,
-        seed 001 Sec. 4): the reference is the chain's current value, reset at
+        Chen & Ghahramani 2016, Sec. 4): the reference is the chain's current value, reset at
         the start and at every scale update during tuning, then fixed. Costs
         :math:`2d+1` passes over the data per reset and :math:`N(d+1)` stored
         floats; races then decide on far fewer observations near the posterior
@@ -102,6 +101,8 @@ class RacingMetropolis(RacingStep):
     target_accept : float, optional
         Acceptance rate the Langevin step size is tuned to (default 0.36, the
         paper's ARCH setting; gradient noise makes MALA's 0.574 too small a step).
+    batches, shuffle_every
+        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
 
@@ -146,34 +147,51 @@ class RacingMetropolis(RacingStep):
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         elemwise: bool = False,
+        batches: str = "windows",
+        shuffle_every: int = 1000,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
     ):
-        import pymc as pm
-
-        model = pm.modelcontext(model)
-        self._init_racing(delta, bound, batch_size, "pairwise", audit_every, reward_range, rng)
+        if bound == "lilucb":
+            raise ValueError(
+                "bound='lilucb' races many arms one at a time; an accept test has two arms "
+                "that share their observations: use bound='normal' or 'ebs'"
+            )
         if proposal not in PROPOSALS:
             raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
         if not (np.isfinite(scaling) and scaling > 0):
             raise ValueError(f"scaling must be a positive number, got {scaling!r}")
         if int(tune_interval) != tune_interval or tune_interval < 1:
             raise ValueError(f"tune_interval must be a positive integer, got {tune_interval!r}")
-        if initial_point is None:
-            initial_point = model.initial_point()
-        continuous_value_vars(model, vars, "RacingMetropolis")
-        self.terms = ObservationTerms(
-            model, vars, data=data, initial_point=initial_point, compile_kwargs=compile_kwargs
+        import pymc as pm
+
+        continuous_value_vars(pm.modelcontext(model), vars, "RacingMetropolis")
+        super().__init__(
+            vars,
+            delta=delta,
+            bound=bound,
+            batch_size=batch_size,
+            variance="pairwise",
+            audit_every=audit_every,
+            reward_range=reward_range,
+            data=data,
+            batches=batches,
+            shuffle_every=shuffle_every,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            compile_kwargs=compile_kwargs,
+            blocked=blocked,
         )
-        self.vars = self.terms.vars
+        initial_point = self.initial_point
         self.proposal = proposal
         self._shapes = [np.shape(initial_point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         n_obs = self.terms.n_obs
-        self.exact_after = self._resolve_exact_after(exact_fraction, 2, initial_point)
+        self._set_exact_switch(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:
@@ -186,7 +204,6 @@ class RacingMetropolis(RacingStep):
         self.initial_scaling = float(scaling)
         self.tune_interval = int(tune_interval)
         self.tune = True
-        self.blocked = blocked
         self.reset_tuning()
 
     def _reset_tuning(self) -> None:
@@ -231,7 +248,7 @@ class RacingMetropolis(RacingStep):
         self._cv_due = False
         try:
             self._cv = taylor_control_variate(
-                lambda rows: self.terms.full(self._candidates(rows), point), x, step
+                lambda rows: self.terms.loglik_full(self._candidates(rows), point), x, step
             )
         except ValueError as err:
             self._cv, self._cv_failed = None, True
@@ -261,7 +278,7 @@ class RacingMetropolis(RacingStep):
 
         With ``elemwise``, one random-walk decision per dimension, in random order.
         """
-        audit = self._audit_due()
+        audit = self._begin_draw()
         x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         totals = {"n_evals": 0, "exhausted": False, "agree": True}
         use_cv = self.control_variates and not self._cv_failed
@@ -309,53 +326,45 @@ class RacingMetropolis(RacingStep):
 
     def _decide(self, x, x_new, lq_fwd, lq_rev, point, audit, totals) -> tuple[bool, float]:
         """Race the MH test from flat ``x`` to ``x_new``; return (accepted, accept prob.)."""
-        n_obs = self.terms.n_obs
+        terms = self.terms
+        n_obs = terms.n_obs
         cands = [np.stack([c, p]) for c, p in zip(self._split(x), self._split(x_new), strict=True)]
-        log_f0 = self.terms.exact(cands, point)
+        log_f0 = terms.log_f0(cands, point)
         log_u = float(np.log(self.rng.random()))
         if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
             return False, 0.0
-        offsets = np.array([log_f0[0] + lq_fwd + log_u, log_f0[1] + lq_rev]) / n_obs
-        cv = self._cv  # None when control variates are off or could not be built
-        if cv is not None:  # race on l_n - h_n; the exact sum of h_n joins the offsets
-            rows = np.stack([x, x_new])
-            h_total = cv.total(rows)
-            offsets = offsets + h_total / n_obs
+        exact_part = log_f0[1] + lq_rev - log_f0[0] - lq_fwd
 
         def rewards(arms, idx):
-            lik = self.terms.terms([c[arms] for c in cands], idx, point)
-            return lik if cv is None else lik - cv.subset(rows[arms], idx)
+            return terms.loglik_batch([c[arms] for c in cands], idx, point)
 
         def full_sums(arms):
-            sums = self.terms.totals([c[arms] for c in cands], point)
-            return sums if cv is None else sums - h_total[arms]
+            return terms.loglik_sum([c[arms] for c in cands], point)
 
-        res = race(
-            rewards,
-            2,
-            n_obs,
-            delta=self.delta,
-            bound=self.bound,
-            batch_size=self.batch_size,
-            variance="pairwise",
-            rng=self.rng,
-            reward_range=self.reward_range,
-            offsets=offsets,
-            exact_after=self.exact_after,
-            totals=full_sums,
+        cv = self._cv  # None when control variates are off or could not be built
+        if cv is not None:  # race on l_n - h_n; the exact sum of h_n joins the exact part
+            rows = np.stack([x, x_new])
+            residuals = residual_callbacks(
+                rewards,
+                full_sums,
+                lambda arms, idx: cv.subset(rows[arms], terms.positions_to_rows(idx)),
+                cv.total(rows),
+            )
+            rewards, full_sums = residuals.rewards, residuals.totals
+            exact_part += residuals.shift[1] - residuals.shift[0]
+        config = None if self.decides_exactly else self.race_config
+        decision = mh_test(
+            rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=full_sums
         )
-        accepted = res.winner == 1
-        accept = np.nan
-        if res.means is not None and np.isfinite(res.means).all():
-            accept = float(np.exp(min(0.0, n_obs * (res.means[1] - res.means[0]) + log_u)))
+        res = decision.race
         totals["n_evals"] += res.n_evaluations
         totals["exhausted"] |= res.exhausted
-        if audit:
-            exact = race(rewards, 2, n_obs, bound="exact", offsets=offsets, totals=full_sums)
+        if audit and config is not None:
+            exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, full_sums)
             agree = exact.winner == res.winner
             self._record_audit(agree)
             totals["agree"] &= agree
-        return accepted, accept
+        return decision.accepted, decision.accept_probability
 
     def _tune_step(self, accepted: np.ndarray) -> None:
         self.accepted_sum = self.accepted_sum + accepted.astype(int)

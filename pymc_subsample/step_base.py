@@ -1,4 +1,4 @@
-"""Conduct shared by the racing PyMC steps: arguments, per-chain state, audits."""
+"""Conduct shared by the racing PyMC steps: settings, per-chain state, batches, audits."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from pymc.util import get_random_generator
 from scipy import stats
 
 from .cost import choose_exact_after, fit_round_cost, median_seconds
+from .graph import BATCH_LAYOUTS, ObservationTerms
+from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
 
-__all__ = ["AUDIT_DISAGREE", "AUDIT_NOT_RUN", "AUDIT_AGREE", "RacingStep", "RacingStepState"]
+__all__ = ["AUDIT_AGREE", "AUDIT_DISAGREE", "AUDIT_NOT_RUN", "RacingStep", "RacingStepState"]
 
 #: ``audit_agree`` value of a draw that was not audited.
 AUDIT_NOT_RUN = -1
@@ -31,14 +33,53 @@ class RacingStepState(StepMethodState):
 
 
 class RacingStep(BlockedStep):
-    """Base class of the racing steps: validated settings, rng, audit schedule.
+    """Base class of the racing steps: settings, model terms, rng, batches, audits.
 
-    Subclasses set ``name`` and ``stats_dtypes_shapes`` and implement ``step``.
+    Subclasses set ``name`` and ``stats_dtypes_shapes``, call this
+    ``__init__`` and then :meth:`_set_exact_switch`, and implement ``step``.
+
+    Parameters
+    ----------
+    vars : list
+        The block.
+    delta, bound, batch_size, variance, reward_range
+        Race settings (:class:`~pymc_subsample.racing.RaceConfig`).
+    audit_every : int
+        Every ``audit_every``-th draw also makes the exact decisions (0: never).
+    data : list, optional
+        Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
+    batches : {"windows", "random"}
+        Batch layout (:class:`~pymc_subsample.graph.ObservationTerms`).
+    shuffle_every : int
+        Draws between redraws of the row permutation behind ``"windows"``.
+    model, rng, initial_point, compile_kwargs, blocked
+        As for PyMC's step methods.
     """
 
     _state_class = RacingStepState
 
-    def _init_racing(self, delta, bound, batch_size, variance, audit_every, reward_range, rng):
+    def __init__(
+        self,
+        vars,
+        *,
+        delta: float,
+        bound: str,
+        batch_size: int,
+        variance: str,
+        audit_every: int,
+        reward_range: float | None,
+        data,
+        batches: str,
+        shuffle_every: int,
+        model,
+        rng,
+        initial_point,
+        compile_kwargs,
+        blocked: bool,
+    ):
+        import pymc as pm
+
+        self.model = pm.modelcontext(model)
         self.delta = validate_race_args(delta, bound, batch_size, variance, 1)
         self.bound = bound
         self.batch_size = int(batch_size)
@@ -51,9 +92,110 @@ class RacingStep(BlockedStep):
         if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
             raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
         self.reward_range = reward_range
+        if batches not in BATCH_LAYOUTS:
+            raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
+        if int(shuffle_every) != shuffle_every or shuffle_every < 1:
+            raise ValueError(f"shuffle_every must be a positive integer, got {shuffle_every!r}")
+        self.shuffle_every = int(shuffle_every)
         self.rng = get_random_generator(rng)
+        if initial_point is None:
+            initial_point = self.model.initial_point()
+        self.initial_point = initial_point
+        self.terms = ObservationTerms(
+            self.model,
+            vars,
+            data=data,
+            initial_point=initial_point,
+            compile_kwargs=compile_kwargs,
+            batches=batches,
+        )
+        self.vars = self.terms.vars
+        self.blocked = blocked
+        self.tune = False
         self.n_steps = 0
+        self.race_config: RaceConfig | None = None
+        self.exact_switch = ExactSwitch.never()
         self._reset_audits()
+        self._shuffle()
+
+    # -- settings ------------------------------------------------------------------
+
+    def _set_exact_switch(self, exact_fraction, n_cands: int) -> None:
+        """Resolve ``exact_fraction`` into :attr:`exact_switch` and build :attr:`race_config`."""
+        n_obs = self.terms.n_obs
+        if isinstance(exact_fraction, str) and exact_fraction == "auto":
+            after = self._calibrate(self.initial_point, n_cands)
+        elif isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
+            after = int(np.ceil(exact_fraction * n_obs))
+            # fewer than three looks cannot pay for the race's overhead: decide at once
+            after = after if after >= 4 * self.batch_size else 0
+        else:
+            raise ValueError(
+                f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
+            )
+        self.exact_switch = ExactSwitch.never() if after >= n_obs else ExactSwitch(after)
+        if self.bound in ("normal", "ebs"):
+            self.race_config = RaceConfig(
+                delta=self.delta,
+                bound=self.bound,
+                variance=self.variance,
+                batch_size=self.batch_size,
+                reward_range=self.reward_range,
+                exact=self.exact_switch,
+                batches="windows",
+            )
+
+    @property
+    def exact_after(self) -> int:
+        """Largest cumulative sample size a race draws before its exact pass (N: never)."""
+        after = self.exact_switch.after
+        return self.terms.n_obs if after is None else after
+
+    @property
+    def decides_exactly(self) -> bool:
+        """True when every decision is made exactly (``bound="exact"`` or an immediate switch)."""
+        return self.bound == "exact" or self.exact_switch.decides_at_once
+
+    def _calibrate(self, point, n_cands: int) -> int:
+        """Time batch and exact evaluations at ``point``; return the exact switch's size."""
+        n_obs = self.terms.n_obs
+        if n_obs < 4 * self.batch_size:
+            return n_obs
+        cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
+        start = int(np.random.default_rng(0).integers(n_obs // 2))
+
+        def call_seconds(m):
+            window = slice(start, start + min(m, n_obs - start))
+            return median_seconds(lambda: self.terms.loglik_batch(cands, window, point))
+
+        exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
+        cost = fit_round_cost(call_seconds, n_cands, n_obs)
+        return choose_exact_after(n_obs, self.batch_size, cost, exact)
+
+    # -- per-chain state -------------------------------------------------------------
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """Reset per-chain state (rng, draw counter, row permutation) before a chain starts."""
+        super().setup_chain(rng, tune, draws)
+        self.n_steps = 0
+        self.tune = tune > 0
+        self._reset_audits()
+        self._shuffle()
+
+    def _shuffle(self) -> None:
+        self.terms.shuffle(self.rng)
+        self._since_shuffle = 0
+
+    def _begin_draw(self) -> bool:
+        """Advance the draw counter, redraw the permutation when due; True if audited."""
+        self.n_steps += 1
+        self._since_shuffle += 1
+        if self._since_shuffle > self.shuffle_every:
+            self._shuffle()
+            self._since_shuffle = 1
+        return self.audit_every > 0 and self.n_steps % self.audit_every == 0
+
+    # -- audits ----------------------------------------------------------------------
 
     def _reset_audits(self) -> None:
         self.n_audits = 0
@@ -76,44 +218,6 @@ class RacingStep(BlockedStep):
                 UserWarning,
                 stacklevel=3,
             )
-
-    def _resolve_exact_after(self, exact_fraction, n_cands: int, point) -> int:
-        """Turn ``exact_fraction`` (a number in (0, 1] or "auto") into ``exact_after``."""
-        if isinstance(exact_fraction, str) and exact_fraction == "auto":
-            return self._calibrate(point, n_cands)
-        if isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
-            exact_after = int(np.ceil(exact_fraction * self.terms.n_obs))
-            # fewer than three looks cannot pay for the race's overhead: decide at once
-            return exact_after if exact_after >= 4 * self.batch_size else 0
-        raise ValueError(f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}")
-
-    def _calibrate(self, point, n_cands: int) -> int:
-        """Time subset and exact evaluations at ``point``; return ``exact_after``."""
-        n_obs = self.terms.n_obs
-        if n_obs < 4 * self.batch_size:
-            return n_obs
-        cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
-        rng = np.random.default_rng(0)
-
-        def call_seconds(m):
-            idx = np.sort(rng.choice(n_obs, size=min(m, n_obs), replace=False))
-            return median_seconds(lambda: self.terms.subset(cands, idx, point))
-
-        exact = median_seconds(lambda: self.terms.totals(cands, point))
-        cost = fit_round_cost(call_seconds, n_cands, n_obs)
-        return choose_exact_after(n_obs, self.batch_size, cost, exact)
-
-    def setup_chain(self, rng, tune: int, draws: int) -> None:
-        """Reset per-chain state (rng, draw counter) before a chain starts."""
-        super().setup_chain(rng, tune, draws)
-        self.n_steps = 0
-        self.tune = tune > 0
-        self._reset_audits()
-
-    def _audit_due(self) -> bool:
-        """Advance the draw counter; True when this draw is to be audited."""
-        self.n_steps += 1
-        return self.audit_every > 0 and self.n_steps % self.audit_every == 0
 
     def reset_tuning(self):
         """Nothing to reset: the Gibbs race has no tuning parameters."""

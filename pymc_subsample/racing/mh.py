@@ -25,15 +25,15 @@ __all__ = ["MHDecision", "mh_test"]
 
 
 class MHDecision(NamedTuple):
-    """Outcome of a racing MH test.
+    r"""Outcome of a racing MH test.
 
     Attributes
     ----------
     accepted : bool
         Whether the proposal is accepted.
     log_alpha : float
-        Estimated :math:`\\log` of the MH ratio, :math:`N(\\hat\\mu_1 - \\hat\\mu_0) -
-        \\log u` computed back from the race's means (exact for exhausted races).
+        Estimated :math:`\log` of the MH ratio, :math:`N(\hat\mu_1 - \hat\mu_0) +
+        \log u` computed back from the race's means (exact for exhausted races).
     race : RaceResult
         The race's record (arm 0: current point, arm 1: proposal).
     """
@@ -44,7 +44,7 @@ class MHDecision(NamedTuple):
 
     @property
     def accept_probability(self) -> float:
-        """:math:`\\min(1, e^{\\log\\alpha})`, NaN when the race's means are not finite."""
+        r""":math:`\min(1, e^{\log\alpha})`, NaN when the race's means are not finite."""
         if not np.isfinite(self.log_alpha):
             return 0.0 if self.log_alpha == -np.inf else np.nan
         return float(np.exp(min(0.0, self.log_alpha)))

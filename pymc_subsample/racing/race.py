@@ -151,7 +151,7 @@ class RaceConfig:
         return _looks(self, int(n_obs))
 
     def kernel_bound(self, n_arms: int, n_obs: int) -> NormalBound | EBSBound:
-        """The bound object for a race of ``n_arms`` arms on ``n_obs`` observations (cached)."""
+        """Return the bound for a race of ``n_arms`` arms on ``n_obs`` observations (cached)."""
         return _bound(self, int(n_arms), int(n_obs))
 
 
@@ -216,7 +216,7 @@ class RaceState(NamedTuple):
 
 
 class SharedRace:
-    """The racing kernel for one population shared by all arms.
+    r"""The racing kernel for one population shared by all arms.
 
     Parameters
     ----------
@@ -228,7 +228,7 @@ class SharedRace:
         Population size :math:`N`.
     offsets : numpy.ndarray, optional
         Constant per arm added to its mean reward (the Gumbel-max sampler
-        passes :math:`(\\log f_0(i) + \\varepsilon_i)/N`).
+        passes :math:`(\log f_0(i) + \varepsilon_i)/N`).
     """
 
     def __init__(self, config: RaceConfig, n_arms: int, n_obs: int, offsets=None):
@@ -347,7 +347,7 @@ class SharedRace:
         )
 
     def result(self, state: RaceState) -> RaceResult:
-        """The :class:`~pymc_subsample.racing.common.RaceResult` of a decided race."""
+        """Return the :class:`~pymc_subsample.racing.common.RaceResult` of a decided race."""
         means = state.means
         if np.isnan(means[state.alive]).any():
             means = means.copy()
@@ -400,7 +400,7 @@ def race_exact(
     offsets: np.ndarray | None = None,
     totals: TotalsFn | None = None,
 ) -> RaceResult:
-    """The exact reference: every arm on all ``n_obs`` observations (through ``totals`` if given).
+    """Decide exactly: every arm on all ``n_obs`` observations (through ``totals`` if given).
 
     Returns
     -------

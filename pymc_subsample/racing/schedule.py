@@ -340,7 +340,7 @@ class ExactSwitch:
         return self.after == 0
 
     def truncate(self, looks: np.ndarray, n_obs: int) -> np.ndarray:
-        """Drop the looks beyond the switch from ``looks`` (below ``n_obs``) and append ``n_obs``."""
+        """Drop the looks at or beyond the switch and ``n_obs``, then append ``n_obs``."""
         looks = looks[looks < n_obs]
         if self.after is not None:
             looks = looks[looks <= self.after]
