@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .racing.race import race
+from .racing.race import RaceConfig, race_shared
 from .racing.schedule import doubling_schedule
 
 __all__ = ["choose_exact_after", "fit_round_cost", "median_seconds"]
@@ -51,17 +51,17 @@ def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
 
 
 def _bookkeeping_seconds(n_arms: int, m: int) -> float:
-    """Race bookkeeping per round on ``m`` new observations, rewards excluded."""
+    """Race bookkeeping per look on ``m`` new observations, rewards excluded (no arm drops)."""
     looks = 4
-    zeros = np.zeros((n_arms, m))
-    n_obs = m * (looks + 1)
-    schedule = [m * (k + 1) for k in range(looks)]
+    buffers = {k: np.zeros((k, m)) for k in range(1, n_arms + 1)}
+    config = RaceConfig(schedule=tuple(m * (k + 1) for k in range(looks)), batches="windows")
+    rng = np.random.default_rng(0)
 
     def rewards(arms, idx):
-        return zeros[: len(arms), : len(idx)]
+        return buffers[len(arms)]
 
     def run():
-        race(rewards, n_arms, n_obs, schedule=schedule, rng=0)
+        race_shared(rewards, n_arms, m * (looks + 1), config, rng=rng)
 
     return median_seconds(run, repeats=3) / (looks + 1)
 

@@ -1,11 +1,20 @@
 r"""Compiled (Numba) kernels of a race look: running statistics and elimination.
 
 A look of a race on :math:`S` surviving arms and :math:`m` new observations
-merges the batch's means and centred cross-products into the running ones
-(Chan, Golub & LeVeque 1979) at cost :math:`O(S^2 m)` (pairwise) or
-:math:`O(S m)` (marginal), then compares every arm with the leader at cost
-:math:`O(S^2)`. Each happens in one compiled call, so that a look costs a
-few microseconds of bookkeeping besides the reward evaluation.
+merges the batch into the running means (Chan, Golub & LeVeque 1979), finds
+the leader :math:`\hat x` of :math:`\hat\mu_i + o_i`, and updates the spread
+statistics the bound needs, all at cost :math:`O(S m)`:
+
+* pairwise: the centred sums of squares of the differences
+  :math:`d_{i,n} = l_{\hat x,n} - l_{i,n}` with the leader, accumulated since
+  it became the leader (under doubling, at least the latest half of the
+  observations; all of them when the leader never changes). A full
+  :math:`S \times S` matrix of cross-products would cost :math:`O(S^2 m)`,
+  more than evaluating the rewards;
+* marginal: each arm's centred sum of squares.
+
+Each look is one compiled call, so its bookkeeping costs a few microseconds
+besides the reward evaluation.
 """
 
 from __future__ import annotations
@@ -13,72 +22,124 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["merge_marginal", "merge_pairwise", "normal_keep_marginal", "normal_keep_pairwise"]
+__all__ = ["look_marginal", "look_pairwise", "skewness_squared"]
+
+# reassociation lets sums vectorize; no "nnan"/"ninf": the kernels must see -inf and NaN
+_FAST = {"reassoc", "nsz", "arcp", "contract"}
 
 
-@njit(cache=True)
-def _batch_means(batch):  # pragma: no cover - compiled
+@njit(cache=True, fastmath=_FAST)
+def _merge_means(batch, n, mean, offsets):  # pragma: no cover - compiled
     s, m = batch.shape
-    out = np.empty(s)
+    bmean = np.empty(s)
+    finite = True
     for i in range(s):
         acc = 0.0
         for k in range(m):
             acc += batch[i, k]
-        out[i] = acc / m
-    return out
+        bmean[i] = acc / m
+        finite &= np.isfinite(bmean[i])
+    if not finite:  # the caller checks the batch and drops -inf arms
+        return bmean, mean, -1, 0.0
+    new_mean = mean + (bmean - mean) * (m / (n + m))
+    lead = 0
+    best = new_mean[0] + offsets[0]
+    for i in range(1, s):
+        v = new_mean[i] + offsets[i]
+        if v > best:
+            best = v
+            lead = i
+    return bmean, new_mean, lead, best
 
 
-@njit(cache=True)
-def merge_pairwise(batch, n, mean, m2):  # pragma: no cover - compiled
-    r"""Merge a batch into running means and centred cross-products.
+@njit(cache=True, fastmath=_FAST)
+def look_pairwise(
+    batch, n, mean, ref, n_ref, dmean, dm2, offsets, factor, floor
+):  # pragma: no cover
+    r"""One Racing-Normal look on differences with the leader.
 
     Parameters
     ----------
     batch : numpy.ndarray
-        ``(S, m)`` rewards of the surviving arms on the new observations.
+        ``(S, m)`` rewards of the survivors on the new observations.
     n : int
-        Observations merged so far.
+        Observations merged before this look.
     mean : numpy.ndarray
         ``(S,)`` running means.
-    m2 : numpy.ndarray
-        ``(S, S)`` centred cross-products
-        :math:`\sum_n (l_{i,n}-\bar l_i)(l_{j,n}-\bar l_j)`.
+    ref : int
+        Leader whose differences ``dmean``/``dm2`` track (−1: none yet).
+    n_ref : int
+        Observations behind ``dmean`` and ``dm2``.
+    dmean, dm2 : numpy.ndarray
+        ``(S,)`` mean and centred sum of squares of :math:`l_{\mathrm{ref},n} - l_{i,n}`.
+    offsets : numpy.ndarray
+        ``(S,)`` offsets of the survivors.
+    factor : float
+        Half-width per unit standard deviation,
+        :math:`B\sqrt{(N-T)/((N-1)T)}` at :math:`T = n + m`; 0 or less: no
+        elimination (the caller only wants the statistics).
+    floor : float
+        Floor on the standard deviation of a difference.
 
     Returns
     -------
     tuple
-        New ``(mean, m2)``, fresh arrays (the inputs are not modified).
+        ``(mean, lead, n_ref, dmean, dm2, keep)``, fresh arrays; ``lead`` is
+        −1 (and nothing is merged) when some reward is not finite; arm
+        :math:`i` is kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} - \hat\mu_i
+        - o_i \le \texttt{factor}\,\max(\hat\sigma_{\hat x,i}, \texttt{floor})`.
     """
     s, m = batch.shape
-    bmean = _batch_means(batch)
-    tot = n + m
-    corr = n * m / tot
-    new_mean = mean + (bmean - mean) * (m / tot)
-    centred = np.empty((s, m))
+    bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
+    if lead < 0:
+        return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_)
+    if lead != ref:
+        n_ref = 0
+        dmean = np.zeros(s)
+        dm2 = np.zeros(s)
+    new_dmean = np.empty(s)
+    new_dm2 = np.empty(s)
+    tot = n_ref + m
+    corr = n_ref * m / tot
     for i in range(s):
+        bd = bmean[lead] - bmean[i]
+        acc = 0.0
         for k in range(m):
-            centred[i, k] = batch[i, k] - bmean[i]
-    new_m2 = m2.copy()
-    for i in range(s):
-        di = bmean[i] - mean[i]
-        for j in range(i, s):
-            acc = 0.0
-            for k in range(m):
-                acc += centred[i, k] * centred[j, k]
-            v = new_m2[i, j] + acc + di * (bmean[j] - mean[j]) * corr
-            new_m2[i, j] = v
-            new_m2[j, i] = v
-    return new_mean, new_m2
+            c = batch[lead, k] - batch[i, k] - bd
+            acc += c * c
+        delta = bd - dmean[i]
+        new_dmean[i] = dmean[i] + delta * (m / tot)
+        new_dm2[i] = dm2[i] + acc + delta * delta * corr
+    keep = np.ones(s, dtype=np.bool_)
+    if factor > 0.0:
+        for i in range(s):
+            if i != lead:
+                sd = max(np.sqrt(max(new_dm2[i] / tot, 0.0)), floor)
+                keep[i] = best - (new_mean[i] + offsets[i]) <= factor * sd
+    return new_mean, lead, tot, new_dmean, new_dm2, keep
 
 
-@njit(cache=True)
-def merge_marginal(batch, n, mean, m2):  # pragma: no cover - compiled
-    r"""Like :func:`merge_pairwise` with ``m2`` the ``(S,)`` centred sums of squares."""
+@njit(cache=True, fastmath=_FAST)
+def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cover - compiled
+    r"""One Racing-Normal look on marginal intervals.
+
+    Merges the batch into the running means and centred sums of squares
+    ``m2``; arm :math:`i` is kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} -
+    \texttt{factor}\,\hat\sigma_{\hat x} \le \hat\mu_i + o_i +
+    \texttt{factor}\,\hat\sigma_i` (standard deviations floored at ``floor``).
+
+    Returns
+    -------
+    tuple
+        ``(mean, lead, m2, keep)``, fresh arrays; ``lead`` is −1 (and nothing
+        is merged) when some reward is not finite.
+    """
     s, m = batch.shape
-    bmean = _batch_means(batch)
+    bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
+    if lead < 0:
+        return mean, lead, m2, np.ones(s, dtype=np.bool_)
     tot = n + m
     corr = n * m / tot
-    new_mean = mean + (bmean - mean) * (m / tot)
     new_m2 = m2.copy()
     for i in range(s):
         acc = 0.0
@@ -87,61 +148,42 @@ def merge_marginal(batch, n, mean, m2):  # pragma: no cover - compiled
             acc += c * c
         di = bmean[i] - mean[i]
         new_m2[i] += acc + di * di * corr
-    return new_mean, new_m2
-
-
-@njit(cache=True)
-def _leader(mean, offsets):  # pragma: no cover - compiled
-    lead = 0
-    best = mean[0] + offsets[0]
-    for i in range(1, mean.shape[0]):
-        v = mean[i] + offsets[i]
-        if v > best:
-            best = v
-            lead = i
-    return lead, best
-
-
-@njit(cache=True)
-def normal_keep_pairwise(mean, m2, offsets, n, factor, floor):  # pragma: no cover - compiled
-    r"""Racing-Normal elimination on pairwise differences after a look of ``n`` observations.
-
-    With :math:`\hat x` the leader of :math:`\hat\mu_i + o_i`, arm :math:`i` is
-    kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} - \hat\mu_i - o_i \le
-    \texttt{factor} \cdot \max(\hat\sigma_{\hat x,i}, \texttt{floor})`, with
-    ``factor`` :math:`= B \sqrt{(N-T)/((N-1)T)}`, the half-width per unit
-    standard deviation (Chen & Ghahramani 2016, Alg. 1).
-
-    Returns
-    -------
-    tuple
-        ``(keep, lead)``: boolean mask over the arms and the leader's position.
-    """
-    s = mean.shape[0]
-    lead, best = _leader(mean, offsets)
     keep = np.ones(s, dtype=np.bool_)
-    for i in range(s):
-        if i != lead:
-            var = (m2[lead, lead] + m2[i, i] - 2.0 * m2[lead, i]) / n
-            sd = max(np.sqrt(max(var, 0.0)), floor)
-            keep[i] = best - (mean[i] + offsets[i]) <= factor * sd
-    return keep, lead
+    if factor > 0.0:
+        sd_lead = max(np.sqrt(max(new_m2[lead] / tot, 0.0)), floor)
+        for i in range(s):
+            if i != lead:
+                sd = max(np.sqrt(max(new_m2[i] / tot, 0.0)), floor)
+                keep[i] = best - factor * sd_lead <= new_mean[i] + offsets[i] + factor * sd
+    return new_mean, lead, new_m2, keep
 
 
-@njit(cache=True)
-def normal_keep_marginal(mean, m2, offsets, n, factor, floor):  # pragma: no cover - compiled
-    r"""Racing-Normal elimination on marginal intervals (see :func:`normal_keep_pairwise`).
+@njit(cache=True, fastmath=_FAST)
+def skewness_squared(batch, lead, rows, pairwise):  # pragma: no cover - compiled
+    r"""Squared sample skewness :math:`\hat g_1^2` on (at most 1024 evenly spread) observations.
 
-    Arm :math:`i` is kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} -
-    \texttt{factor}\,\hat\sigma_{\hat x} \le \hat\mu_i + o_i +
-    \texttt{factor}\,\hat\sigma_i`.
+    For each arm in ``rows``: of :math:`l_{\mathrm{lead},n} - l_{i,n}` when
+    ``pairwise``, else of :math:`l_{i,n}`. Cochran's rule asks for
+    :math:`T > 25 \hat g_1^2` before trusting a normal approximation of the
+    mean of :math:`T` draws.
     """
-    s = mean.shape[0]
-    lead, best = _leader(mean, offsets)
-    keep = np.ones(s, dtype=np.bool_)
-    sd_lead = max(np.sqrt(max(m2[lead] / n, 0.0)), floor)
-    for i in range(s):
-        if i != lead:
-            sd = max(np.sqrt(max(m2[i] / n, 0.0)), floor)
-            keep[i] = best - factor * sd_lead <= mean[i] + offsets[i] + factor * sd
-    return keep, lead
+    s, m = batch.shape
+    stride = (m + 1023) // 1024
+    out = np.empty(len(rows))
+    for r in range(len(rows)):
+        i = rows[r]
+        cnt = 0
+        mu = 0.0
+        for k in range(0, m, stride):
+            v = batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
+            mu += v
+            cnt += 1
+        mu /= cnt
+        m2 = 0.0
+        m3 = 0.0
+        for k in range(0, m, stride):
+            v = (batch[lead, k] - batch[i, k] if pairwise else batch[i, k]) - mu
+            m2 += v * v
+            m3 += v * v * v
+        out[r] = m3 * m3 * cnt / max(m2**3, 1e-300)
+    return out

@@ -38,11 +38,10 @@ from .common import (
     RewardFn,
     TotalsFn,
     argmax_or_raise,
-    checked_rewards,
     exact_totals,
     validate_race_args,
 )
-from .kernels import merge_marginal, merge_pairwise, normal_keep_marginal, normal_keep_pairwise
+from .kernels import look_marginal, look_pairwise, skewness_squared
 from .schedule import CyclicWindows, ExactSwitch, IndexStream, doubling_schedule
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
 
 #: Names accepted by ``RaceConfig.batches``.
 BATCHES = ("random", "windows")
-_GRAM_LIMIT = 16  # above this many arms, pairwise Racing-Normal uses batch variances
 
 
 @dataclass(frozen=True)
@@ -75,12 +73,11 @@ class RaceConfig:
         ``"ebs"``: Racing-EBS, the empirical Bernstein–Serfling bound with a
         union bound over looks.
     variance : {"pairwise", "marginal"}
-        Standard deviation of reward differences with the leader on shared
-        indices (tighter when arms are positively correlated; cost
-        :math:`O(D^2 T)`), or of each arm alone (cost :math:`O(D T)`). With
-        more than 16 arms, pairwise Racing-Normal estimates the standard
-        deviation of the differences with the leader on the latest batch
-        (at least half of the observations drawn, by the doubling).
+        Standard deviation of the reward differences with the leader on
+        shared indices (tighter when arms are positively correlated), or of
+        each arm alone. Both cost :math:`O(D T)`: the differences are
+        accumulated from the look at which the current leader took the lead
+        (:func:`~pymc_subsample.racing.kernels.look_pairwise`).
     batch_size : int
         First mini-batch size :math:`m^{(1)}` of the doubling schedule.
     reward_range : float, optional
@@ -180,6 +177,17 @@ def _bound(config: RaceConfig, n_arms: int, n_obs: int) -> NormalBound | EBSBoun
     return EBSBound(delta_comp / max(len(looks), 1), n_obs, c)
 
 
+@lru_cache(maxsize=1024)
+def _look_widths(config: RaceConfig, n_arms: int, n_obs: int) -> dict:
+    """``{T: (factor, floor)}`` of the Racing-Normal bound at each look (EBS: ``(-1, 0)``)."""
+    bound = config.kernel_bound(n_arms, n_obs)
+    normal = isinstance(bound, NormalBound)
+    return {
+        int(t): (bound.factor(t), bound.floor(t)) if normal else (-1.0, 0.0)
+        for t in config.looks(n_obs)[:-1]
+    }
+
+
 class RaceState(NamedTuple):
     """State of a race on a shared population.
 
@@ -191,9 +199,16 @@ class RaceState(NamedTuple):
         Observations drawn so far (shared by the survivors).
     mean : numpy.ndarray
         Running mean reward of each survivor (offsets excluded).
+    ref : int
+        Pairwise: position in ``alive`` of the leader whose differences
+        ``dmean`` and ``m2`` track (−1: none).
+    n_ref : int
+        Pairwise: observations behind ``dmean`` and ``m2``.
+    dmean : numpy.ndarray
+        Pairwise: mean difference of the leader's rewards and each survivor's.
     m2 : numpy.ndarray
-        Centred cross-products of the survivors' rewards, ``(S, S)``
-        (pairwise), or centred sums of squares, ``(S,)``.
+        Centred sums of squares of those differences (pairwise), or of each
+        survivor's rewards (marginal).
     means : numpy.ndarray
         Mean reward plus offset of every arm when it left the race (NaN while
         it races or if never evaluated; −inf for −inf rewards).
@@ -208,6 +223,9 @@ class RaceState(NamedTuple):
     alive: np.ndarray
     n_drawn: int
     mean: np.ndarray
+    ref: int
+    n_ref: int
+    dmean: np.ndarray
     m2: np.ndarray
     means: np.ndarray
     n_evaluations: int
@@ -239,21 +257,18 @@ class SharedRace:
         self.looks = config.looks(self.n_obs)
         self.bound = config.kernel_bound(self.n_arms, self.n_obs)
         self.pairwise = config.variance == "pairwise" and self.n_arms > 1
-        # many arms: the D x D cross-products cost O(D^2) per observation; Racing-Normal then
-        # estimates the variance of the differences with the leader on the latest batch
-        self.batch_variance = (
-            self.pairwise and config.bound == "normal" and self.n_arms > _GRAM_LIMIT
-        )
-        self.gram = self.pairwise and not self.batch_variance
+        self.normal = config.bound == "normal"
+        self._widths = _look_widths(config, self.n_arms, self.n_obs)
 
     def init(self) -> RaceState:
         """State before the first look: every arm alive, nothing drawn."""
         d = self.n_arms
-        m2 = np.zeros((d, d)) if self.gram else np.zeros(d)
+        zeros = np.zeros(d)
         means = np.full(d, np.nan)
-        return RaceState(np.arange(d), 0, np.zeros(d), m2, means, 0, 0, -1 if d > 1 else 0)
+        winner = -1 if d > 1 else 0
+        return RaceState(np.arange(d), 0, zeros, -1, 0, zeros, zeros, means, 0, 0, winner)
 
-    def update(self, state: RaceState, batch: np.ndarray, finite: bool = True) -> RaceState:
+    def update(self, state: RaceState, batch: np.ndarray) -> RaceState:
         """Merge the survivors' rewards on the next look and eliminate; return the new state.
 
         Parameters
@@ -262,8 +277,6 @@ class SharedRace:
             State before the look.
         batch : numpy.ndarray
             ``(len(state.alive), m)`` rewards on the look's new observations.
-        finite : bool
-            False when some reward may be −inf (the arm is then dropped).
 
         Returns
         -------
@@ -271,66 +284,116 @@ class SharedRace:
             With ``winner >= 0`` when the race is decided; an empty ``alive``
             when every survivor hit a −inf reward (the caller then decides the
             arms dropped earlier exactly).
+
+        Raises
+        ------
+        ValueError
+            When a reward is NaN or +inf.
         """
-        alive, mean, m2, means = state.alive, state.mean, state.m2, state.means
+        alive, mean, ref, dmean, m2, means = (
+            state.alive, state.mean, state.ref, state.dmean, state.m2, state.means
+        )  # fmt: skip
+        n_prev = state.n_drawn
+        size = n_prev + batch.shape[1]
         n_evals = state.n_evaluations + batch.size
         n_rounds = state.n_rounds + 1
-        size = state.n_drawn + batch.shape[1]
-        if not finite:  # an arm with a -inf term can never win
-            rows = np.flatnonzero(np.isfinite(batch).all(axis=1))
-            means = means.copy()
-            means[alive] = -np.inf
-            alive, batch, mean, m2 = alive[rows], batch[rows], mean[rows], _keep(m2, rows)
-            if len(alive) == 0:
-                return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, -1)
-        offsets = self.offsets[alive]
-        if size >= self.n_obs:  # exact look: only the means matter
-            score = (mean * state.n_drawn + batch.sum(axis=1)) / self.n_obs + offsets
-            means = means.copy()
-            means[alive] = score
-            winner = int(alive[int(score.argmax())])
-            return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, winner)
-        merge = merge_pairwise if self.gram else merge_marginal
-        mean, m2 = merge(batch, state.n_drawn, mean, m2)
+        if size < self.n_obs:  # the common case: one compiled call
+            factor, floor = self._widths.get(size) or self._width(size)
+            if self.pairwise:
+                out = look_pairwise(
+                    batch, n_prev, mean, ref, state.n_ref, dmean, m2,
+                    self.offsets[alive], factor, floor,
+                )  # fmt: skip
+            else:
+                out = look_marginal(batch, n_prev, mean, m2, self.offsets[alive], factor, floor)
+            if out[1] >= 0:
+                return self._eliminate(state, batch, out, size)
+        elif np.isfinite(batch.sum()):
+            return self._final(state, batch, size)
+        _check_values(batch)  # NaN and +inf are errors; -inf drops the arm
+        # an arm with a -inf term can never win
+        finite_rows = np.isfinite(batch).all(axis=1)
+        rows = np.flatnonzero(finite_rows)
+        means = means.copy()
+        means[alive[~finite_rows]] = -np.inf
+        ref = int(np.searchsorted(rows, ref)) if ref in rows else -1
+        alive, batch, mean, dmean, m2 = (
+            alive[rows], batch[rows], mean[rows], dmean[rows], m2[rows]
+        )  # fmt: skip
+        dropped = state._replace(
+            alive=alive, mean=mean, ref=ref, dmean=dmean, m2=m2, means=means,
+            n_evaluations=n_evals - batch.size,
+        )  # fmt: skip
+        if len(alive) == 0:
+            return dropped._replace(n_drawn=size, n_evaluations=n_evals, n_rounds=n_rounds)
+        return self.update(dropped, batch)
+
+    def _width(self, size: int) -> tuple[float, float]:
+        if not self.normal:
+            return -1.0, 0.0
+        return self.bound.factor(size), self.bound.floor(size)
+
+    def _final(self, state: RaceState, batch: np.ndarray, size: int) -> RaceState:
+        """Exact look on the last observations: only the means matter."""
+        alive = state.alive
+        score = (state.mean * state.n_drawn + batch.sum(axis=1)) / self.n_obs
+        score += self.offsets[alive]
+        means = state.means.copy()
+        means[alive] = score
+        return state._replace(
+            n_drawn=size,
+            means=means,
+            n_evaluations=state.n_evaluations + batch.size,
+            n_rounds=state.n_rounds + 1,
+            winner=int(alive[int(score.argmax())]),
+        )
+
+    def _eliminate(self, state: RaceState, batch: np.ndarray, out: tuple, size: int):
+        """Apply the compiled look's statistics and eliminations to the state."""
+        alive, means, n_ref, dmean = state.alive, state.means, state.n_ref, state.dmean
+        n_evals = state.n_evaluations + batch.size
+        n_rounds = state.n_rounds + 1
+        if self.pairwise:
+            mean, lead, n_ref, dmean, m2, keep = out
+        else:
+            mean, lead, m2, keep = out
+        ref = lead if self.pairwise else -1
         if len(alive) == 1:
-            return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, int(alive[0]))
-        keep, lead = self._keep(batch, mean, m2, offsets, size)
-        if not keep.all():
+            winner = int(alive[0])
+            return RaceState(
+                alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner
+            )
+        if not self.normal:
+            keep = self._ebs_keep(batch, mean + self.offsets[alive], lead, m2, n_ref, size)
+        drop = not keep.all()
+        if drop and self.normal and self.bound.guards_skew:
+            keep = _cochran_guard(batch, lead, keep, self.pairwise, size)
+            drop = not keep.all()
+        if drop:
+            offsets = self.offsets[alive]
             means = means.copy()
             means[alive[~keep]] = mean[~keep] + offsets[~keep]
             rows = np.flatnonzero(keep)
-            alive, mean, m2 = alive[rows], mean[rows], _keep(m2, rows)
+            ref = int(keep[:ref].sum()) if ref >= 0 else -1
+            alive, mean, dmean, m2 = alive[rows], mean[rows], dmean[rows], m2[rows]
         winner = int(alive[0]) if len(alive) == 1 else -1
-        return RaceState(alive, size, mean, m2, means, n_evals, n_rounds, winner)
+        return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
 
-    def _keep(self, batch, mean, m2, offsets, size) -> tuple[np.ndarray, int]:
-        bound = self.bound
-        if self.config.bound == "normal" and not self.batch_variance:
-            keep_fn = normal_keep_pairwise if self.pairwise else normal_keep_marginal
-            keep, lead = keep_fn(mean, m2, offsets, size, bound.factor(size), bound.floor(size))
+    def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
+        """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
+        if self.pairwise:
+            sigma = np.sqrt(np.maximum(m2 / n_ref, 0.0))
+            spread = batch[lead] - batch
         else:
-            score = mean + offsets
-            lead = int(score.argmax())
-            if self.batch_variance:
-                sigma = (batch[lead] - batch).std(axis=1)
-            elif self.pairwise:
-                var = (m2[lead, lead] + m2.diagonal() - 2.0 * m2[lead]) / size
-                sigma = np.sqrt(np.maximum(var, 0.0))
-            else:
-                sigma = np.sqrt(np.maximum(m2 / size, 0.0))
-            if isinstance(bound, NormalBound):
-                width = bound.width(sigma, size)
-            else:
-                spread = batch[lead] - batch if self.pairwise else batch
-                width = bound.width(sigma, size, spread.max(axis=1) - spread.min(axis=1))
-            if self.pairwise:
-                keep = score[lead] - score <= width
-            else:
-                keep = score[lead] - width[lead] <= score + width
-            keep[lead] = True
-        if isinstance(bound, NormalBound) and bound.guards_skew and not keep.all():
-            keep = _cochran_guard(batch, lead, keep, self.pairwise, size)
-        return keep, lead
+            sigma = np.sqrt(np.maximum(m2 / size, 0.0))
+            spread = batch
+        width = self.bound.width(sigma, size, spread.max(axis=1) - spread.min(axis=1))
+        if self.pairwise:
+            keep = score[lead] - score <= width
+        else:
+            keep = score[lead] - width[lead] <= score + width
+        keep[lead] = True
+        return keep
 
     def exact_look(self, state: RaceState, sums: np.ndarray, n_evaluations: int) -> RaceState:
         """Decide among the survivors from their exact sums over all observations."""
@@ -358,17 +421,15 @@ class SharedRace:
         )
 
 
-def _keep(m2: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    return m2[np.ix_(rows, rows)] if m2.ndim == 2 else m2[rows]
-
-
-def _skewness_squared(values: np.ndarray) -> np.ndarray:
-    """Squared sample skewness of each row."""
-    centred = values - values.mean(axis=1, keepdims=True)
-    sq = centred * centred
-    m2 = sq.sum(axis=1)
-    m3 = np.einsum("ij,ij->i", sq, centred)
-    return m3 * m3 * values.shape[1] / np.maximum(m2**3, 1e-300)
+def _check_values(batch: np.ndarray) -> None:
+    if np.isnan(batch).any():
+        raise ValueError(
+            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
+        )
+    if np.isposinf(batch).any():
+        raise ValueError(
+            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
+        )
 
 
 def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
@@ -376,15 +437,15 @@ def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
 
     Cochran's rule: the mean of ``n`` draws is close to normal once
     ``n > 25 g1**2``; ``g1`` is estimated on (at most 1024 observations of)
-    the latest batch, of the differences with the leader in pairwise mode.
-    Computed only for the arms about to be dropped.
+    the latest batch, of the differences with the leader in pairwise mode
+    (:func:`~pymc_subsample.racing.kernels.skewness_squared`). Computed only
+    for the arms about to be dropped.
     """
-    batch = batch[:, :: -(-batch.shape[1] // 1024)]  # a spread-out sample of <= 1024
     drop = np.flatnonzero(~keep)
     if pairwise:
-        g1sq = _skewness_squared(batch[lead] - batch[drop])
+        g1sq = skewness_squared(batch, lead, drop, True)
     else:
-        g1sq = _skewness_squared(batch[np.append(drop, lead)])
+        g1sq = skewness_squared(batch, lead, np.append(drop, lead), False)
         if size < 25.0 * g1sq[-1]:  # the leader's own interval is not trustworthy
             return np.ones_like(keep)
         g1sq = g1sq[:-1]
@@ -474,13 +535,28 @@ def race_shared(
             state = kernel.exact_look(state, sums, n_obs * len(state.alive))
             break
         k = int(size) - state.n_drawn
-        batch, finite = checked_rewards(rewards, state.alive, stream.take(k), k)
-        state = kernel.update(state, batch, finite)
+        alive = state.alive
+        batch = rewards(alive, stream.take(k))
+        if batch.shape != (len(alive), k) or batch.dtype != np.float64:
+            batch = _checked_shape(batch, len(alive), k)
+        if not batch.flags.c_contiguous:  # the compiled look vectorizes on C order only
+            batch = np.ascontiguousarray(batch)
+        state = kernel.update(state, batch)
         if len(state.alive) == 0:
             return _rescue(kernel, state, rewards, totals)
         if state.winner >= 0:
             break
     return kernel.result(state)
+
+
+def _checked_shape(batch, n_arms: int, k: int) -> np.ndarray:
+    batch = np.asarray(batch, dtype=np.float64)
+    if batch.shape != (n_arms, k):
+        raise ValueError(
+            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = {(n_arms, k)}, "
+            f"got {batch.shape}"
+        )
+    return batch
 
 
 def _rescue(kernel: SharedRace, state: RaceState, rewards, totals) -> RaceResult:
