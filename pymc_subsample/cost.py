@@ -23,7 +23,7 @@ import numpy as np
 from .racing.race import RaceConfig, race_shared
 from .racing.schedule import doubling_schedule
 
-__all__ = ["choose_exact_after", "fit_round_cost", "median_seconds"]
+__all__ = ["choose_exact_after", "choose_first_batch", "fit_round_cost", "median_seconds"]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
@@ -129,3 +129,32 @@ def choose_exact_after(
     else:
         return int(n_obs)
     return chosen
+
+
+def choose_first_batch(n_obs: int, round_cost: tuple[float, float], minimum: int = 50) -> int:
+    r"""First mini-batch :math:`m^{(1)}` whose terms cost about as much as the look itself.
+
+    A look costs :math:`a + b\,m`; below :math:`m = a/b` the fixed cost
+    dominates, so smaller batches only add looks. Returns the smallest
+    :math:`\text{minimum} \cdot 2^k \ge a/b`, at most :math:`N/8` (and at
+    least ``minimum``).
+
+    Parameters
+    ----------
+    n_obs : int
+        :math:`N`.
+    round_cost : tuple of float
+        ``(a, b)`` from :func:`fit_round_cost`.
+    minimum : int
+        Smallest first batch (the paper's 50).
+
+    Returns
+    -------
+    int
+    """
+    a, b = round_cost
+    target = a / b if b > 0 else float(n_obs)
+    batch = int(minimum)
+    while batch < target and 16 * batch <= n_obs:
+        batch *= 2
+    return batch

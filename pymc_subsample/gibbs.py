@@ -63,8 +63,14 @@ class SubsampledCategoricalGibbs(RacingStep):
         Error allowed per draw, in (0, 1).
     bound : {"normal", "ebs", "lilucb", "exact"}
         Racing bound (see :func:`~pymc_subsample.racing.race`).
-    batch_size : int
-        First mini-batch size :math:`m^{(1)}`.
+    batch_size : int or "auto"
+        First mini-batch size :math:`m^{(1)}` of the doubling schedule (the
+        paper's 50 for Racing-Normal, 2 for Racing-EBS). ``"auto"`` (default)
+        times the model once at construction and starts where a batch's terms
+        cost about as much as the look's fixed cost (one compiled call and the
+        race's bookkeeping): on cheap terms and large :math:`N` that is
+        thousands of observations, since smaller batches only add looks.
+        The value used is kept in ``batch_size``.
     variance : {"pairwise", "marginal"}
         Variance estimate of the race.
     data : list of pm.Data, optional
@@ -130,7 +136,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         *,
         delta: float = 0.05,
         bound: str = "normal",
-        batch_size: int = 50,
+        batch_size: int | str = "auto",
         variance: str = "pairwise",
         data=None,
         audit_every: int = 0,
@@ -162,7 +168,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             blocked=blocked,
         )
         self.n_categories = [_n_categories(self.model, v, self.initial_point) for v in self.vars]
-        self._set_exact_switch(exact_fraction, max(self.n_categories))
+        self._plan_races(exact_fraction, max(self.n_categories))
 
     @staticmethod
     def _exact_draw(log_f0, totals, noise, n_obs):

@@ -216,6 +216,7 @@ class ObservationTerms:
         self._graphs = (idx, subset, log_f0)
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
         self._perm = np.arange(self.n_obs)
+        self._whole = (np.asarray(0, dtype=np.int64), np.asarray(self.n_obs, dtype=np.int64))
         self._permuted = []
         if batches == "windows":
             self._permuted = [
@@ -235,7 +236,10 @@ class ObservationTerms:
             for v in self.vars
         ]
         batch = dict(zip(self.vars, self._cands, strict=True))
-        graphs = [subset, loglik, log_f0, loglik.sum()] + ([window] if self._permuted else [])
+        # in the windows layout the fused sum reads the permuted copy too (the same sum): a
+        # race that ends in an exact pass then touches one copy of the data, not two
+        total = window.sum(axis=-1) if self._permuted else loglik.sum()
+        graphs = [subset, loglik, log_f0, total] + ([window] if self._permuted else [])
         outs = [vectorize_graph(g, replace=batch) for g in graphs]
         used = set()
         for g in outs:
@@ -251,8 +255,12 @@ class ObservationTerms:
         self._exact_fn = model.compile_fn(
             outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
+        total_inputs = [start, stop] if self._permuted else []
         self._totals_fn = model.compile_fn(
-            outs[3], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
+            outs[3],
+            inputs=[*self._cands, *total_inputs, *self.inputs],
+            point_fn=False,
+            **compile_kwargs,
         )
         self._subset_fn.trust_input = True  # inputs are coerced before the call: ~10 µs less
         self._window_fn = None
@@ -469,7 +477,9 @@ class ObservationTerms:
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
-        return np.asarray(self._totals_fn(*candidates, *self._others(point)), dtype=np.float64)
+        whole = self._whole if self._permuted else ()
+        out = self._totals_fn(*candidates, *whole, *self._others(point))
+        return np.asarray(out, dtype=np.float64)
 
     def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""

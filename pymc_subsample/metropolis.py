@@ -191,7 +191,7 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(initial_point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         n_obs = self.terms.n_obs
-        self._set_exact_switch(exact_fraction, 2)
+        self._plan_races(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:

@@ -10,7 +10,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from scipy import stats
 
-from .cost import choose_exact_after, fit_round_cost, median_seconds
+from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
 from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
@@ -80,9 +80,10 @@ class RacingStep(BlockedStep):
         import pymc as pm
 
         self.model = pm.modelcontext(model)
-        self.delta = validate_race_args(delta, bound, batch_size, variance, 1)
+        auto_batch = isinstance(batch_size, str) and batch_size == "auto"
+        self.delta = validate_race_args(delta, bound, 50 if auto_batch else batch_size, variance, 1)
         self.bound = bound
-        self.batch_size = int(batch_size)
+        self.batch_size = None if auto_batch else int(batch_size)
         self.variance = variance
         if int(audit_every) != audit_every or audit_every < 0:
             raise ValueError(
@@ -120,19 +121,38 @@ class RacingStep(BlockedStep):
 
     # -- settings ------------------------------------------------------------------
 
-    def _set_exact_switch(self, exact_fraction, n_cands: int) -> None:
-        """Resolve ``exact_fraction`` into :attr:`exact_switch` and build :attr:`race_config`."""
+    def _plan_races(self, exact_fraction, n_cands: int) -> None:
+        """Resolve ``batch_size="auto"`` and ``exact_fraction``; build :attr:`race_config`.
+
+        Both "auto" settings time a batch and a fused exact evaluation of
+        ``n_cands`` candidates at the initial point once
+        (:func:`~pymc_subsample.cost.fit_round_cost`): the first batch then
+        balances the look's fixed cost against its terms
+        (:func:`~pymc_subsample.cost.choose_first_batch`), and the exact
+        switch keeps a race within 20% of an exact decision
+        (:func:`~pymc_subsample.cost.choose_exact_after`).
+        """
         n_obs = self.terms.n_obs
-        if isinstance(exact_fraction, str) and exact_fraction == "auto":
-            after = self._calibrate(self.initial_point, n_cands)
-        elif isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0:
-            after = int(np.ceil(exact_fraction * n_obs))
-            # fewer than three looks cannot pay for the race's overhead: decide at once
-            after = after if after >= 4 * self.batch_size else 0
-        else:
+        auto_switch = isinstance(exact_fraction, str) and exact_fraction == "auto"
+        if not auto_switch and not (
+            isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0
+        ):
             raise ValueError(
                 f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
             )
+        cost = exact = None
+        if (auto_switch or self.batch_size is None) and n_obs >= 200:
+            cost, exact = self._measure(self.initial_point, n_cands)
+        if self.batch_size is None:
+            self.batch_size = 50 if cost is None else choose_first_batch(n_obs, cost)
+        if auto_switch:
+            after = (
+                n_obs if cost is None else choose_exact_after(n_obs, self.batch_size, cost, exact)
+            )
+        else:
+            after = int(np.ceil(exact_fraction * n_obs))
+            # fewer than three looks cannot pay for the race's overhead: decide at once
+            after = after if after >= 4 * self.batch_size else 0
         self.exact_switch = ExactSwitch.never() if after >= n_obs else ExactSwitch(after)
         if self.bound in ("normal", "ebs"):
             self.race_config = RaceConfig(
@@ -156,21 +176,17 @@ class RacingStep(BlockedStep):
         """True when every decision is made exactly (``bound="exact"`` or an immediate switch)."""
         return self.bound == "exact" or self.exact_switch.decides_at_once
 
-    def _calibrate(self, point, n_cands: int) -> int:
-        """Time batch and exact evaluations at ``point``; return the exact switch's size."""
+    def _measure(self, point, n_cands: int) -> tuple[tuple[float, float], float]:
+        """Time batch and exact evaluations at ``point``: ``((a, b), exact_seconds)``."""
         n_obs = self.terms.n_obs
-        if n_obs < 4 * self.batch_size:
-            return n_obs
         cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
-        start = int(np.random.default_rng(0).integers(n_obs // 2))
 
         def call_seconds(m):
-            window = slice(start, start + min(m, n_obs - start))
+            window = slice(0, min(m, n_obs))
             return median_seconds(lambda: self.terms.loglik_batch(cands, window, point))
 
         exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
-        cost = fit_round_cost(call_seconds, n_cands, n_obs)
-        return choose_exact_after(n_obs, self.batch_size, cost, exact)
+        return fit_round_cost(call_seconds, n_cands, n_obs), exact
 
     # -- per-chain state -------------------------------------------------------------
 

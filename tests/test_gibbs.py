@@ -11,7 +11,7 @@ from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
 
 # race on the whole doubling schedule: these models are small, so the default
 # exact_fraction=1/64 would decide most draws exactly after a look or two
-RACE = {"exact_fraction": 1.0}
+RACE = {"exact_fraction": 1.0, "batch_size": 50}
 
 
 def exact_conditional(model, var_name, n_cat, point):
@@ -123,9 +123,9 @@ def test_switch_among_likelihood_families():
         q = pm.Categorical("q", p=np.ones(3) / 3)
         pm.CustomDist("y", q, logp=family_logp, observed=y_data)
         # the log-likelihood ratio of Student-t to Normal is small on most observations and
-        # large on a few outliers: a first batch of 50 often misses them (ALGORITHMS.md §7)
+        # large on a few outliers: a first batch of 50 often misses them
         naive = SubsampledCategoricalGibbs([q], rng=3, delta=0.01, audit_every=1, **RACE)
-        robust = SubsampledCategoricalGibbs([q], rng=3, delta=0.01, batch_size=300, **RACE)
+        robust = SubsampledCategoricalGibbs([q], rng=3, delta=0.01, **{**RACE, "batch_size": 300})
     point = model.initial_point()
     probs = exact_conditional(model, "q", 3, point)
     assert probs[1] > 0.999  # Student-t, the true family

@@ -185,5 +185,8 @@ def skewness_squared(batch, lead, rows, pairwise):  # pragma: no cover - compile
             v = (batch[lead, k] - batch[i, k] if pairwise else batch[i, k]) - mu
             m2 += v * v
             m3 += v * v * v
-        out[r] = m3 * m3 * cnt / max(m2**3, 1e-300)
+        if m2 <= 1e-20 * cnt * mu * mu:  # constant up to rounding: no skewness to speak of
+            out[r] = 0.0
+        else:
+            out[r] = m3 * m3 * cnt / max(m2**3, 1e-300)
     return out

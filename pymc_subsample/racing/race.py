@@ -24,8 +24,7 @@ with :math:`o_i` a constant offset per arm.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -120,6 +119,7 @@ class RaceConfig:
     exact: ExactSwitch = ExactSwitch()
     skew_guard: bool = True
     batches: str = "random"
+    _cache: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
         validate_race_args(self.delta, self.bound, self.batch_size, self.variance, 1)
@@ -145,47 +145,45 @@ class RaceConfig:
 
     def looks(self, n_obs: int) -> np.ndarray:
         """Cumulative sample sizes of the looks for a population of ``n_obs``, ending at it."""
-        return _looks(self, int(n_obs))
+        return self.plan(1, n_obs)[0]
 
     def kernel_bound(self, n_arms: int, n_obs: int) -> NormalBound | EBSBound:
         """Return the bound for a race of ``n_arms`` arms on ``n_obs`` observations (cached)."""
-        return _bound(self, int(n_arms), int(n_obs))
+        return self.plan(n_arms, n_obs)[1]
 
+    def plan(self, n_arms: int, n_obs: int) -> tuple:
+        """Return ``(looks, bound, widths)`` for a race, computed once per config and size.
 
-@lru_cache(maxsize=1024)
-def _looks(config: RaceConfig, n_obs: int) -> np.ndarray:
-    if config.schedule is None:
-        looks = doubling_schedule(n_obs, config.batch_size)
-    else:
-        looks = np.asarray(config.schedule, dtype=np.int64)
-    looks = config.exact.truncate(looks, n_obs)
-    looks.setflags(write=False)
-    return looks
+        ``widths`` maps each look's cumulative size :math:`T` below :math:`N`
+        to the compiled look's ``(factor, floor)`` (EBS: ``(-1, 0)``).
+        """
+        key = (n_arms, n_obs)
+        plan = self._cache.get(key)
+        if plan is None:
+            plan = self._cache[key] = self._make_plan(int(n_arms), int(n_obs))
+        return plan
 
-
-@lru_cache(maxsize=1024)
-def _bound(config: RaceConfig, n_arms: int, n_obs: int) -> NormalBound | EBSBound:
-    pairwise = config.variance == "pairwise" and n_arms > 1
-    n_comp = max(n_arms - 1, 1) if pairwise else n_arms
-    delta_comp = config.delta / n_comp
-    looks = config.looks(n_obs)[:-1]
-    c = config.reward_range
-    if c is not None and pairwise:
-        c = 2.0 * c
-    if config.bound == "normal":
-        return NormalBound(normal_threshold(looks, n_obs, delta_comp), n_obs, c, config.skew_guard)
-    return EBSBound(delta_comp / max(len(looks), 1), n_obs, c)
-
-
-@lru_cache(maxsize=1024)
-def _look_widths(config: RaceConfig, n_arms: int, n_obs: int) -> dict:
-    """``{T: (factor, floor)}`` of the Racing-Normal bound at each look (EBS: ``(-1, 0)``)."""
-    bound = config.kernel_bound(n_arms, n_obs)
-    normal = isinstance(bound, NormalBound)
-    return {
-        int(t): (bound.factor(t), bound.floor(t)) if normal else (-1.0, 0.0)
-        for t in config.looks(n_obs)[:-1]
-    }
+    def _make_plan(self, n_arms: int, n_obs: int) -> tuple:
+        if self.schedule is None:
+            looks = doubling_schedule(n_obs, self.batch_size)
+        else:
+            looks = np.asarray(self.schedule, dtype=np.int64)
+        looks = self.exact.truncate(looks, n_obs)
+        looks.setflags(write=False)
+        pairwise = self.variance == "pairwise" and n_arms > 1
+        n_comp = max(n_arms - 1, 1) if pairwise else n_arms
+        delta_comp = self.delta / n_comp
+        c = self.reward_range
+        if c is not None and pairwise:
+            c = 2.0 * c
+        if self.bound == "normal":
+            threshold = normal_threshold(looks[:-1], n_obs, delta_comp)
+            bound = NormalBound(threshold, n_obs, c, self.skew_guard)
+            widths = {int(t): (bound.factor(t), bound.floor(t)) for t in looks[:-1]}
+        else:
+            bound = EBSBound(delta_comp / max(len(looks) - 1, 1), n_obs, c)
+            widths = {int(t): (-1.0, 0.0) for t in looks[:-1]}
+        return looks, bound, widths
 
 
 class RaceState(NamedTuple):
@@ -254,11 +252,9 @@ class SharedRace:
         self.n_arms = int(n_arms)
         self.n_obs = int(n_obs)
         self.offsets = np.zeros(self.n_arms) if offsets is None else offsets
-        self.looks = config.looks(self.n_obs)
-        self.bound = config.kernel_bound(self.n_arms, self.n_obs)
+        self.looks, self.bound, self._widths = config.plan(self.n_arms, self.n_obs)
         self.pairwise = config.variance == "pairwise" and self.n_arms > 1
         self.normal = config.bound == "normal"
-        self._widths = _look_widths(config, self.n_arms, self.n_obs)
 
     def init(self) -> RaceState:
         """State before the first look: every arm alive, nothing drawn."""
@@ -327,6 +323,38 @@ class SharedRace:
         if len(alive) == 0:
             return dropped._replace(n_drawn=size, n_evaluations=n_evals, n_rounds=n_rounds)
         return self.update(dropped, batch)
+
+    @property
+    def can_give_up(self) -> bool:
+        """True when the race ends in an exact pass before :math:`N` (an :class:`ExactSwitch`)."""
+        return self.normal and self.config.exact.after is not None and len(self.looks) > 1
+
+    def hopeless(self, state: RaceState) -> bool:
+        r"""Predict that the race will not decide before its exact pass.
+
+        True when some surviving arm's gap to the leader is below half the
+        half-width the bound will still have at the last subsampled look,
+        :math:`\hat\mu_{\hat x} - \hat\mu_i < \tfrac12 G(T_\text{last})`,
+        with today's standard deviations: the race is then unlikely to drop it
+        in time and each further look is wasted. Going exact early never adds
+        an error.
+        """
+        t_last = int(self.looks[-2])
+        if state.n_drawn >= t_last:
+            return False
+        score = state.mean + self.offsets[state.alive]
+        lead = int(score.argmax())
+        if self.pairwise:
+            if state.ref != lead or state.n_ref == 0:
+                return False
+            sd = np.sqrt(np.maximum(state.m2 / state.n_ref, 0.0))
+        else:
+            var = np.maximum(state.m2 / state.n_drawn, 0.0)
+            sd = np.sqrt(var + var[lead])
+        factor, floor = self._widths[t_last]
+        gap = score[lead] - score
+        gap[lead] = np.inf
+        return bool((gap < 0.5 * factor * np.maximum(sd, floor)).any())
 
     def _width(self, size: int) -> tuple[float, float]:
         if not self.normal:
@@ -529,6 +557,7 @@ def race_shared(
         stream = CyclicWindows(n_obs, int(rng.integers(n_obs)))
     else:
         stream = IndexStream(n_obs, rng, reuse_stamps=True)
+    give_up = totals is not None and kernel.can_give_up
     for size in kernel.looks:
         if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:
             sums = exact_totals(rewards, state.alive, n_obs, totals)
@@ -545,6 +574,10 @@ def race_shared(
         if len(state.alive) == 0:
             return _rescue(kernel, state, rewards, totals)
         if state.winner >= 0:
+            break
+        if give_up and kernel.hopeless(state):  # straight to the exact pass
+            sums = exact_totals(rewards, state.alive, n_obs, totals)
+            state = kernel.exact_look(state, sums, n_obs * len(state.alive))
             break
     return kernel.result(state)
 
