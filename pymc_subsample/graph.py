@@ -408,7 +408,7 @@ class ObservationTerms:
         itself is redrawn.
         """
         self._perm = rng.permutation(self.n_obs)
-        for d, p in zip(self.data, self._permuted, strict=True):
+        for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
             p.set_value(d.get_value(borrow=True)[self._perm], borrow=True)
 
     def loglik_subset(

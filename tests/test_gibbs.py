@@ -410,3 +410,55 @@ def test_explicit_data_list_is_checked():
         assert [d.name for d in step.terms.data] == ["y_data"]
         with pytest.raises(ModelSplitError, match="not an input"):
             SubsampledCategoricalGibbs([q], data=[other])
+
+
+def test_windows_read_the_permuted_rows(selector):
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=5, **RACE)
+    terms, point = step.terms, model.initial_point()
+    cands = [np.arange(5)]
+    rows = terms.positions_to_rows(slice(100, 160))
+    assert len(np.unique(rows)) == 60 and not np.array_equal(rows, np.arange(100, 160))
+    window = terms.loglik_batch(cands, slice(100, 160), point)
+    np.testing.assert_allclose(window, terms.loglik_subset(cands, rows, point))
+    wrapped = terms.loglik_batch(cands, np.array([1998, 1999, 0, 1]), point)
+    full = terms.loglik_full(cands, point)
+    np.testing.assert_allclose(
+        wrapped, full[:, terms.positions_to_rows(np.array([1998, 1999, 0, 1]))]
+    )
+    np.testing.assert_allclose(
+        terms.loglik_sum(cands, point), terms.loglik_full(cands, point).sum(axis=1)
+    )
+    terms.shuffle(np.random.default_rng(1))
+    assert not np.array_equal(terms.positions_to_rows(slice(100, 160)), rows)
+    np.testing.assert_allclose(
+        terms.loglik_batch(cands, slice(100, 160), point),
+        terms.loglik_subset(cands, terms.positions_to_rows(slice(100, 160)), point),
+    )
+
+
+def test_gathered_batches_match_enumeration(selector):
+    model, q = selector
+    point = model.initial_point()
+    probs = exact_conditional(model, "q", 5, point)
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=6, batches="random", **RACE)
+    draws, _ = draw_many(step, point, 1000, "q")
+    assert_matches(draws, probs, 5)
+
+
+def test_auto_settings_keep_the_audited_error_within_delta():
+    # defaults as a new user meets them: batch_size and exact switch chosen by timing
+    rng = np.random.default_rng(7)
+    n_obs = 200_000
+    mus = np.linspace(0.0, 0.05, 6)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(mus[2], 1.0, size=n_obs))
+        q = pm.Categorical("q", p=np.full(6, 1 / 6))
+        pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=8, audit_every=1, shuffle_every=50)
+    draws, st = draw_many(step, model.initial_point(), 300, "q")
+    wrong = sum(s["audit_agree"] == 0 for s in st)
+    assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong
+    assert step.batch_size >= 50 and 0 <= step.exact_after <= n_obs

@@ -361,3 +361,142 @@ def test_independent_populations_minus_inf_and_rescue():
         race(
             lambda a, i: pops_all[int(a[0])][i][None, :], 2, np.array([50, 60]), variance="marginal"
         )
+
+
+# -- the core as explicit state ------------------------------------------------------
+
+
+def test_shared_race_update_is_pure_and_matches_the_driver():
+    from pymc_subsample.racing import RaceConfig, SharedRace, race_shared
+
+    table, _ = bandit_population("normal", 5, 4000, 2e-3, rng=21)
+    config = RaceConfig(batches="windows")
+    kernel = SharedRace(config, 5, 4000)
+    state = kernel.init()
+    before = [a.copy() for a in (state.mean, state.m2, state.means)]
+    looks = kernel.looks
+    start = int(np.random.default_rng(5).integers(4000))
+    new = kernel.update(state, np.ascontiguousarray(np.roll(table, -start, axis=1)[:, : looks[0]]))
+    for a, b in zip(before, (state.mean, state.m2, state.means), strict=True):
+        assert np.array_equal(a, b, equal_nan=True)  # the input state is untouched
+    assert new.n_drawn == looks[0] and new.n_rounds == 1 and new.n_evaluations == 5 * looks[0]
+    np.testing.assert_allclose(new.mean, np.roll(table, -start, axis=1)[:, : looks[0]].mean(1))
+    res = race_shared(
+        lambda arms, idx: table[arms][:, idx], 5, 4000, config, rng=np.random.default_rng(5)
+    )
+    assert np.isfinite(res.means[res.winner]) and res.winner in range(5)
+
+
+@pytest.mark.parametrize("bound", ["normal", "ebs", "lilucb", "exact"])
+def test_every_race_returns_means(bound):
+    table, log_p = bandit_population("uniform", 4, 800, 1e-4, rng=22)
+    res = race(table_rewards(table), 4, 800, bound=bound, rng=0, reward_range=1e-3)
+    assert res.means.shape == (4,)
+    assert res.means[res.winner] == np.nanmax(res.means)
+    if bound == "exact":
+        np.testing.assert_allclose(res.means * 800, log_p)
+
+
+def test_hooks_an_algorithm_cannot_honour_raise():
+    table, _ = bandit_population("normal", 3, 500, 1e-3, rng=23)
+    with pytest.raises(ValueError, match="cannot honour"):
+        race(table_rewards(table), 3, 500, bound="lilucb", schedule=[50, 100])
+    with pytest.raises(ValueError, match="cannot honour"):
+        race(table_rewards(table), 3, 500, bound="lilucb", exact_after=100)
+
+
+def test_cyclic_windows_are_uniform_and_nested():
+    from pymc_subsample.racing import CyclicWindows
+
+    n, reps = 40, 4000
+    rng = np.random.default_rng(24)
+    counts = np.zeros(n)
+    for _ in range(reps):
+        perm = rng.permutation(n)  # the population stored in a random order
+        w = CyclicWindows(n, int(rng.integers(n)))
+        pos = [np.arange(n)[w.take(k)] for k in (5, 5, 10)]
+        rows = perm[np.concatenate(pos)]
+        assert len(np.unique(rows)) == 20 and w.n_drawn == 20
+        counts[rows[:10]] += 1
+    assert stats.chisquare(counts).pvalue > 1e-3
+    w = CyclicWindows(10, 8)
+    assert w.take(2) == slice(8, 10)
+    assert w.take(3) == slice(0, 3)
+    w = CyclicWindows(10, 7)
+    assert w.take(5).tolist() == [7, 8, 9, 0, 1]
+    with pytest.raises(ValueError, match="remain"):
+        w.take(6)
+
+
+def test_exact_switch_truncates_and_decides_exactly():
+    from pymc_subsample.racing import ExactSwitch
+
+    looks = doubling_schedule(1000, 50)
+    assert ExactSwitch.after_size(200).truncate(looks, 1000).tolist() == [50, 100, 200, 1000]
+    assert ExactSwitch.at_once().truncate(looks, 1000).tolist() == [1000]
+    assert ExactSwitch.never().truncate(looks, 1000).tolist() == looks.tolist()
+    with pytest.raises(ValueError, match="size"):
+        ExactSwitch.after_size(-1)
+    # a diffuse population: the race gives up early and the exact pass decides right
+    table, log_p = bandit_population("normal", 6, 20_000, 1.0, rng=25)
+    rewards = table_rewards(table)
+    totals = lambda arms: table[arms].sum(axis=1)  # noqa: E731
+    for seed in range(10):
+        noise = np.random.default_rng(seed).gumbel(size=6)
+        x, res = sample_categorical(
+            np.zeros(6), rewards, 20_000, noise=noise, exact_after=5000, totals=totals, rng=seed
+        )
+        assert x == int(np.argmax(log_p + noise))
+        assert res.exhausted and res.n_rounds <= 5  # gave up before the switch (7 looks)
+
+
+def test_mh_test_agrees_with_exact_mh_and_rejects_impossible_proposals():
+    from pymc_subsample.racing import RaceConfig, mh_test
+
+    rng = np.random.default_rng(26)
+    n_obs = 5000
+    diffs = rng.normal(2e-4, 0.01, size=n_obs)
+    table = np.stack([np.zeros(n_obs), diffs])
+    config = RaceConfig(delta=0.01)
+    wrong = 0
+    for _ in range(200):
+        log_u = float(np.log(rng.random()))
+        d = mh_test(lambda a, i: table[a][:, i], n_obs, 0.0, log_u, config, rng=rng)
+        exact = log_u < diffs.sum()
+        wrong += d.accepted != exact
+        assert d.race.means.shape == (2,)
+    assert not too_many_errors(wrong, 200, 0.01)
+    d = mh_test(lambda a, i: table[a][:, i], n_obs, -np.inf, -0.1, config, rng=rng)
+    assert not d.accepted and d.race.n_evaluations == 0 and d.accept_probability == 0.0
+    d = mh_test(lambda a, i: table[a][:, i], n_obs, 0.0, -0.1, None, rng=rng)
+    np.testing.assert_allclose(d.log_alpha, diffs.sum())
+
+
+def test_residual_callbacks_keep_the_argmax_and_shrink_the_variance():
+    from pymc_subsample.racing import residual_callbacks
+
+    rng = np.random.default_rng(27)
+    x = rng.normal(size=3000)
+    table = np.stack([-0.5 * (x - m) ** 2 for m in (0.0, 0.01, 0.02)])
+    proxy = np.stack([-0.5 * x**2 + m * x for m in (0.0, 0.01, 0.02)])  # drops -m^2/2
+    res = residual_callbacks(
+        table_rewards(table),
+        lambda arms: table[arms].sum(axis=1),
+        lambda arms, idx: proxy[arms][:, idx],
+        proxy.sum(axis=1),
+    )
+    idx = np.arange(3000)
+    resid = res.rewards(np.arange(3), idx)
+    np.testing.assert_allclose(resid + proxy, table)
+    np.testing.assert_allclose(res.totals(np.arange(3)) + res.shift, table.sum(axis=1))
+    assert resid.var(axis=1).max() < 1e-12 < table.var(axis=1).min()
+
+
+@pytest.mark.parametrize("shuffle_every", [1, 200])
+def test_reused_permutations_keep_the_error_rate_within_delta(shuffle_every):
+    trials = 400
+    table, log_p = bandit_population("normal", 10, 2000, 2e-3, rng=28)
+    errors, _ = gumbel_race_errors(
+        table, log_p, trials, np.random.default_rng(29), shuffle_every=shuffle_every
+    )
+    assert not too_many_errors(errors, trials, 0.05), errors

@@ -108,7 +108,12 @@ def rare_event_population(
 
 
 def gumbel_race_errors(
-    table: np.ndarray, log_p: np.ndarray, reps: int, rng: np.random.Generator, **race_kwargs
+    table: np.ndarray,
+    log_p: np.ndarray,
+    reps: int,
+    rng: np.random.Generator,
+    shuffle_every: int | None = None,
+    **race_kwargs,
 ) -> tuple[int, np.ndarray]:
     r"""Count wrong Gumbel-max races on a reward table.
 
@@ -126,6 +131,11 @@ def gumbel_race_errors(
         Number of races.
     rng : numpy.random.Generator
         Source of the noise and of the index draws.
+    shuffle_every : int, optional
+        Read batches as contiguous windows (``batches="windows"``) of a
+        column-permuted copy of the table, permuted anew every
+        ``shuffle_every`` races, as the PyMC steps do; default: independent
+        random index draws for every race.
     **race_kwargs
         Passed to :func:`~pymc_subsample.racing.sample_categorical`.
 
@@ -143,9 +153,21 @@ def gumbel_race_errors(
     def rewards(arms, idx):
         return table[np.ix_(arms, idx)]
 
+    if shuffle_every is not None:
+        from .race import RaceConfig
+
+        config = RaceConfig(batches="windows", **race_kwargs)
+        race_kwargs = {"config": config}
+        permuted = [table]
+
+        def rewards(arms, idx):
+            return permuted[0][arms][:, idx]
+
     errors = 0
     evaluations = np.empty(reps, dtype=np.int64)
     for r in range(reps):
+        if shuffle_every is not None and r % shuffle_every == 0:
+            permuted[0] = table[:, rng.permutation(n_obs)]
         noise = rng.gumbel(size=n_arms)
         x, res = sample_categorical(
             np.zeros(n_arms), rewards, n_obs, rng=rng, noise=noise, **race_kwargs
