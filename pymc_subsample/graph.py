@@ -231,6 +231,7 @@ class ObservationTerms:
         self._model = model
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
+        self._f0_grad_fn = None
         self._cands = [
             pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
             for v in self.vars
@@ -520,3 +521,33 @@ class ObservationTerms:
         out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *self._others(point))
         k = len(self.vars)
         return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
+
+    def log_f0_grad(self, values: Sequence[np.ndarray], point: dict) -> list[np.ndarray]:
+        r"""Gradient of :math:`\log f_0` (prior, Jacobian, other blanket terms); no data read.
+
+        Compiled on first use.
+
+        Parameters
+        ----------
+        values : sequence of numpy.ndarray
+            One value per block variable (not batched).
+        point : dict
+            Values of the other value variables.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            One array per block variable.
+        """
+        if self._f0_grad_fn is None:
+            import pytensor
+
+            log_f0 = self._graphs[2]
+            self._f0_grad_fn = self._model.compile_fn(
+                pytensor.grad(log_f0, self.vars),
+                inputs=[*self.vars, *self.inputs],
+                point_fn=False,
+                **self._compile_kwargs,
+            )
+        out = self._f0_grad_fn(*values, *self._others(point))
+        return [np.asarray(g) for g in out]

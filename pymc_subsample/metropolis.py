@@ -1,15 +1,15 @@
 r"""RacingMetropolis: Metropolis–Hastings whose accept test is a race on mini-batches.
 
-MH from :math:`x` to :math:`x' \sim q(\cdot \mid x)` with :math:`u \sim U(0,1)` is a
-two-arm race (Chen & Ghahramani 2016, Sec. 4; :func:`~pymc_subsample.racing.mh_test`):
-
-.. math::
-    l_{x',n} = \log f_n(x') + \frac{\log f_0(x') + \log q(x \mid x')}{N}, \qquad
-    l_{x,n}  = \log f_n(x) + \frac{\log f_0(x) + \log q(x' \mid x) + \log u}{N},
-
-accept iff :math:`\mu_{x'} > \mu_x`. Racing-Normal gives the test of Korattikara
-et al. (2014), Racing-EBS that of Bardenet et al. (2014); ``bound="exact"`` is
-plain MH on all :math:`N` observations.
+MH from :math:`\theta` to :math:`\theta'` with :math:`u \sim U(0,1)` accepts iff
+:math:`\log u < \log f_0(\theta') - \log f_0(\theta) + \sum_n (l_n(\theta') -
+l_n(\theta)) + c`, with :math:`c` the proposal's part of the log ratio. The sum is
+decided by a two-arm race (Chen & Ghahramani 2016, Sec. 4;
+:func:`~pymc_subsample.racing.mh_test`) on the residuals :math:`l_n - h_n` of a
+second-order Taylor control variate :math:`h_n` around a reference point
+(:class:`~pymc_subsample.surrogate.QuadraticSurrogate`; Bardenet, Doucet &
+Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
+the offsets. The same surrogate drives the default proposal: a Hamiltonian
+trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
 """
 
 from __future__ import annotations
@@ -19,28 +19,33 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
-from .control_variates import taylor_control_variate
 from .graph import continuous_value_vars
 from .proposals import langevin_proposal, random_walk_proposal
-from .racing import IndexStream, mh_test, race_exact, residual_callbacks
+from .racing import IndexStream, mh_test, race_exact
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .surrogate import QuadraticSurrogate, stencil_points
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
 
 #: Names accepted by ``proposal``.
-PROPOSALS = ("normal", "langevin")
+PROPOSALS = ("hmc", "normal", "langevin")
+_FULL_STENCIL_MAX_DIM = 12  # above: diagonal second differences only (K = 1 + 2d)
+_TARGET_HMC = 0.8
 
 
 class RacingMetropolis(RacingStep):
     r"""Metropolis–Hastings step for continuous variables with a racing accept test.
 
     Updates a block of continuous variables in PyMC's unconstrained value space.
-    The per-observation terms at the current and the proposed point are
-    evaluated in one compiled call on each mini-batch of the race (the current
-    point's terms are recomputed on the same indices, never cached); the prior,
-    Jacobian and other non-observation terms (:math:`\log f_0`) are exact. Each
-    accept/reject decision agrees with exact MH for the same :math:`u` and
-    proposal with probability at least :math:`1-\delta` under the bound's
+    At its first step it finds the posterior bulk from wherever the chain
+    starts: Newton steps on the log posterior, whose gradient and Hessian are
+    finite differences of the per-observation terms summed over the data
+    (first on a window of at most 50,000 observations, then on all), which
+    also give the quadratic surrogate :math:`h_n` at the mode
+    :math:`\hat\theta` and the mass matrix :math:`M = -\nabla^2(\log f_0 + \sum_n
+    h_n)(\hat\theta)`. During tuning the chain then starts at :math:`\hat\theta`.
+    Each accept/reject decision agrees with exact MH for the same proposal and
+    :math:`u` with probability at least :math:`1-\delta` under the bound's
     assumptions.
 
     Parameters
@@ -50,57 +55,59 @@ class RacingMetropolis(RacingStep):
     delta : float
         Error allowed per accept/reject decision, in (0, 1).
     bound : {"normal", "ebs", "exact"}
-        Racing bound (:func:`~pymc_subsample.racing.race`); ``"exact"`` is plain MH.
+        Racing bound (:func:`~pymc_subsample.racing.race`); ``"exact"`` is plain
+        MH on all :math:`N` observations.
     batch_size : int
-        First mini-batch size. Racing-Normal MH is biased when the test is
-        loose: in a logistic regression with N = 2e4, δ = 0.05 and a first
-        batch of 50 shifted posterior means by 0.1–0.26 posterior sd
-        (``ALGORITHMS.md`` §3); δ = 0.01 or a batch of 500 removes most of it.
-    proposal : {"normal", "langevin"}
-        ``"normal"``: Gaussian random walk with scale ``scaling`` (tuned during
-        tuning like ``pm.Metropolis``). ``"langevin"``: stochastic-gradient
-        Langevin proposal :math:`x' = x + \frac{\epsilon^2}{2} g(x) + \epsilon z`,
-        :math:`g` the exact gradient of :math:`\log f_0` plus :math:`N/m` times the
-        gradient of the log-likelihood of a mini-batch of ``gradient_batch``
-        observations, :math:`\epsilon` = ``scaling`` tuned during tuning towards
-        ``target_accept``; the proposal density ratio enters the test.
-    scaling : float
-        Initial step scale.
+        First mini-batch size of the race.
+    proposal : {"hmc", "normal", "langevin"}, optional
+        ``"hmc"`` (default): a leapfrog trajectory of ``path_length`` (in
+        units of the posterior scale) with mass matrix :math:`M` on the
+        surrogate :math:`\log f_0 + \sum_n h_n`, the momentum flipped at the
+        end; it costs :math:`O(d^2)` and a gradient of :math:`\log f_0` per step
+        and reads no data; the step size is tuned by dual averaging towards an
+        acceptance of 0.8 (Hoffman & Gelman 2014). ``"normal"``: Gaussian
+        random walk, preconditioned by :math:`M^{-1}` unless ``scaling`` is
+        given. ``"langevin"``: stochastic-gradient Langevin proposal
+        :math:`\theta' = \theta + \frac{\epsilon^2}{2} g(\theta) + \epsilon z`
+        with :math:`g` the exact gradient of :math:`\log f_0` plus :math:`N/m`
+        times that of a mini-batch of ``gradient_batch`` observations; the
+        proposal density ratio enters the test. Default: ``"hmc"``, or
+        ``"normal"`` with ``elemwise=True``.
+    scaling : float, optional
+        ``"hmc"``: initial leapfrog step size in units of the posterior scale
+        (default 0.5). ``"normal"``: None (default) adapts a step of
+        :math:`2.38/\sqrt d` in units of :math:`M^{-1/2}`; a number is an
+        absolute isotropic scale, as ``pm.Metropolis``'s. ``"langevin"``:
+        :math:`\epsilon` (default 1). Tuned during tuning.
+    path_length : float
+        ``"hmc"``: integration time; the number of leapfrog steps is
+        ``ceil(path_length / step size)``, at most 100.
     tune_interval : int
-        Draws between scale updates during tuning.
+        Draws between scale updates during tuning (``"normal"``, ``"langevin"``).
     data : list of pm.Data, optional
         The per-observation data inputs (guessed when omitted).
     audit_every : int
-        Every ``audit_every``-th draw also makes the exact decision for the same
-        proposal and :math:`u` and records ``audit_agree``.
+        Every ``audit_every``-th draw also makes the exact decisions for the same
+        proposals and :math:`u`.
     reward_range : float, optional
-        Bound on the range of the per-observation terms (see
+        Bound on the range of the raced rewards (see
         :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
     exact_fraction : float or "auto"
-        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`. The default is
-        larger than the Gibbs step's: an accept test against :math:`\log u` is
-        often close, and MH is mostly used for expensive likelihoods, where a
-        gathered subset costs about as much per term as a full pass.
+        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
     control_variates : bool
-        Default True. Race on the residuals of a first-order Taylor expansion of each term
-        around a reference point (:mod:`pymc_subsample.control_variates`,
-        Chen & Ghahramani 2016, Sec. 4): the reference is the chain's current value, reset at
-        the start and at every scale update during tuning, then fixed. Costs
-        :math:`2d+1` passes over the data per reset and :math:`N(d+1)` stored
-        floats; races then decide on far fewer observations near the posterior
-        bulk. With ``reward_range``, the range must bound the residuals. If the
-        terms are not finite around the reference point, the step warns and
-        races on the raw terms. Turn it off when :math:`N(d+1)` floats do not
-        fit in memory. Ignored with ``bound="exact"``.
+        Race on the residuals :math:`l_n - h_n` (default). The surrogate is
+        built whenever this is on or the proposal is ``"hmc"``. If the terms
+        are not finite on the stencil (a support boundary), the step warns and
+        races on the raw terms with a random walk. Ignored by the race with
+        ``bound="exact"`` (plain MH sums everything).
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
     elemwise : bool
         Random walk only: propose and race one dimension at a time (in random
         order, each with its own tuned scale), as ``pm.Metropolis`` does for
-        vector variables. Default: one joint proposal for the whole block.
+        vector variables.
     target_accept : float, optional
-        Acceptance rate the Langevin step size is tuned to (default 0.36, the
-        paper's ARCH setting; gradient noise makes MALA's 0.574 too small a step).
+        Acceptance rate the Langevin step size is tuned to (default 0.36).
     batches, shuffle_every
         See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
     model, rng, initial_point, compile_kwargs, blocked
@@ -108,13 +115,15 @@ class RacingMetropolis(RacingStep):
 
     Notes
     -----
-    Sampler stats per draw (as ``pm.Metropolis``, means over the dimensions
-    when ``elemwise``): ``accept`` (acceptance probability estimated from the
-    race's means; exact for exhausted races), ``accepted`` (fraction of
-    proposals accepted), ``scaling``, ``n_evals`` (per-observation terms
-    evaluated, both points, all decisions), ``frac_evals`` (``n_evals`` over
-    :math:`2N` per decision), ``exhausted`` and ``audit_agree`` (1/0, −1 when
-    not audited).
+    Sampler stats per draw: ``accept`` (acceptance probability estimated from
+    the race's means; exact for exhausted races), ``accepted`` (fraction of
+    proposals accepted), ``scaling`` (step size or scale), ``n_evals``
+    (per-observation terms evaluated: both points, the stencil on each batch,
+    the warm-up's passes), ``frac_evals`` (``n_evals`` over :math:`2N` per
+    decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
+    (audited decisions and those that differed from exact MH: their sums over
+    draws give the per-decision error rate), ``audit_agree`` (1/0, −1 when not
+    audited) and ``tune``.
     """
 
     name = "racing_metropolis"
@@ -125,6 +134,9 @@ class RacingMetropolis(RacingStep):
         "n_evals": (np.int64, []),
         "frac_evals": (np.float64, []),
         "exhausted": (bool, []),
+        "n_decisions": (np.int64, []),
+        "n_audited": (np.int64, []),
+        "n_wrong": (np.int64, []),
         "audit_agree": (np.int8, []),
         "tune": (bool, []),
     }
@@ -136,8 +148,9 @@ class RacingMetropolis(RacingStep):
         delta: float = 0.05,
         bound: str = "normal",
         batch_size: int = 50,
-        proposal: str = "normal",
-        scaling: float = 1.0,
+        proposal: str | None = None,
+        scaling: float | None = None,
+        path_length: float = 1.5,
         tune_interval: int = 100,
         data=None,
         audit_every: int = 0,
@@ -160,12 +173,18 @@ class RacingMetropolis(RacingStep):
                 "bound='lilucb' races many arms one at a time; an accept test has two arms "
                 "that share their observations: use bound='normal' or 'ebs'"
             )
+        if proposal is None:
+            proposal = "normal" if elemwise else "hmc"
         if proposal not in PROPOSALS:
             raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
-        if not (np.isfinite(scaling) and scaling > 0):
+        if scaling is not None and not (np.isfinite(scaling) and scaling > 0):
             raise ValueError(f"scaling must be a positive number, got {scaling!r}")
+        if not (np.isfinite(path_length) and path_length > 0):
+            raise ValueError(f"path_length must be a positive number, got {path_length!r}")
         if int(tune_interval) != tune_interval or tune_interval < 1:
             raise ValueError(f"tune_interval must be a positive integer, got {tune_interval!r}")
+        if elemwise and proposal != "normal":
+            raise ValueError("elemwise=True needs proposal='normal' (the others move all at once)")
         import pymc as pm
 
         continuous_value_vars(pm.modelcontext(model), vars, "RacingMetropolis")
@@ -186,44 +205,72 @@ class RacingMetropolis(RacingStep):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
         )
-        initial_point = self.initial_point
+        point = self.initial_point
         self.proposal = proposal
-        self._shapes = [np.shape(initial_point[v.name]) for v in self.vars]
+        self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
+        self.dim = sum(self._sizes)
         n_obs = self.terms.n_obs
         self._plan_races(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
-        if elemwise and proposal != "normal":
-            raise ValueError("elemwise=True needs proposal='normal' (Langevin moves all at once)")
         self.elemwise = bool(elemwise)
-        # plain MH (bound="exact") sums every term: nothing for control variates to save
-        self.control_variates = bool(control_variates) and bound != "exact"
-        self.initial_scaling = float(scaling)
+        self.control_variates = bool(control_variates)
+        self.path_length = float(path_length)
+        self.user_scaling = scaling
+        self.preconditioned = proposal == "hmc" or (
+            proposal == "normal" and scaling is None and not elemwise
+        )
         self.tune_interval = int(tune_interval)
         self.tune = True
         self.reset_tuning()
 
-    def _reset_tuning(self) -> None:
-        self._cv_due = True  # a new control-variate reference at the next step
-        self.steps_until_tune = self.tune_interval
-        self.accepted_sum = np.zeros(sum(self._sizes) if self.elemwise else 1, dtype=int)
+    # -- per-chain state -------------------------------------------------------------
+
+    def _initial_scaling(self) -> float:
+        if self.user_scaling is not None:
+            return float(self.user_scaling)
+        if self.proposal == "hmc":
+            return 0.5
+        if self.proposal == "normal" and self.preconditioned:
+            return 2.38 / np.sqrt(self.dim)
+        return 1.0
 
     def reset_tuning(self):
-        """Restore the initial scale (PyMC calls this between runs)."""
-        self._cv, self._cv_failed = None, False
-        if self.elemwise:
-            self.scaling = np.full(sum(self._sizes), self.initial_scaling)
-        else:
-            self.scaling = self.initial_scaling
-        self._reset_tuning()
+        """Forget the surrogate and restore the initial scale (PyMC calls this between runs)."""
+        self.surrogate: QuadraticSurrogate | None = None
+        self._surrogate_failed = False
+        self._chol_mass = self._inv_mass = self._chol_cov = None
+        scale = self._initial_scaling()
+        self.scaling = np.full(self.dim, scale) if self.elemwise else scale
+        self._dual = _DualAveraging(np.log(scale)) if self.proposal == "hmc" else None
+        self._reset_interval()
+
+    def _reset_interval(self) -> None:
+        self.steps_until_tune = self.tune_interval
+        self.accepted_sum = np.zeros(self.dim if self.elemwise else 1, dtype=int)
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
-        """Reset per-chain state (rng, counters, scale) before a chain starts."""
+        """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
         super().setup_chain(rng, tune, draws)
         self.reset_tuning()
+
+    def stop_tuning(self):
+        """End tuning: fix the step size; warn when the surrogate proposal accepts too little."""
+        super().stop_tuning()
+        if self._dual is not None:
+            self.scaling = float(np.exp(self._dual.log_bar))
+            if self._dual.n > 50 and self._dual.mean_accept < 0.3:
+                warnings.warn(
+                    f"RacingMetropolis: the surrogate proposal accepted "
+                    f"{self._dual.mean_accept:.0%} of its proposals during tuning; the quadratic "
+                    "surrogate fits this posterior poorly (multimodal, heavy-tailed or strongly "
+                    "non-Gaussian). Use proposal='normal', or NUTS for this block",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
     # -- flat <-> per-variable values --------------------------------------------
 
@@ -231,33 +278,151 @@ class RacingMetropolis(RacingStep):
         return np.concatenate([np.ravel(p).astype(np.float64) for p in parts])
 
     def _split(self, flat: np.ndarray) -> list[np.ndarray]:
-        out, start = [], 0
-        for v, shape, size in zip(self.vars, self._shapes, self._sizes, strict=True):
-            out.append(flat[start : start + size].reshape(shape).astype(v.dtype))
-            start += size
-        return out
+        return [c[0] for c in self._candidates(flat[None, :])]
 
     def _candidates(self, rows: np.ndarray) -> list[np.ndarray]:
         """Per-variable candidate arrays ``(K, *shape)`` from flat rows ``(K, d)``."""
-        parts = [self._split(r) for r in rows]
-        return [np.stack([p[j] for p in parts]) for j in range(len(self.vars))]
+        out, start = [], 0
+        for v, shape, size in zip(self.vars, self._shapes, self._sizes, strict=True):
+            part = rows[:, start : start + size].reshape((len(rows), *shape))
+            out.append(part.astype(v.dtype))
+            start += size
+        return out
 
-    def _update_control_variate(self, x: np.ndarray, point: dict) -> int:
-        """Expand the terms around ``x``; return the terms evaluated."""
-        step = 0.1 * np.broadcast_to(np.asarray(self.scaling, dtype=float), x.shape)
-        self._cv_due = False
+    # -- the surrogate ----------------------------------------------------------------
+
+    def _sums(self, rows: np.ndarray, point: dict, window: int | None = None) -> np.ndarray:
+        """Sum the terms at flat ``rows``: over a window scaled to N, or over all N."""
+        n_obs = self.terms.n_obs
+        if window is not None and window < n_obs:
+            vals = self.terms.loglik_batch(self._candidates(rows), slice(0, window), point)
+            return vals.sum(axis=1) * (n_obs / window)
+        chunk = max(1, (1 << 24) // n_obs)
+        return np.concatenate(
+            [
+                self.terms.loglik_sum(self._candidates(rows[k : k + chunk]), point)
+                for k in range(0, len(rows), chunk)
+            ]
+        )
+
+    def _f0_grad(self, x: np.ndarray, point: dict) -> np.ndarray:
+        return self._flatten(self.terms.log_f0_grad(self._split(x), point))
+
+    def _f0_hessian(self, x: np.ndarray, point: dict, eps: np.ndarray) -> np.ndarray:
+        """Central differences of the gradient of log f0 (no data read)."""
+        d = len(x)
+        hess = np.empty((d, d))
+        for i in range(d):
+            e = np.zeros(d)
+            e[i] = eps[i]
+            hess[:, i] = (self._f0_grad(x + e, point) - self._f0_grad(x - e, point)) / (2 * eps[i])
+        return 0.5 * (hess + hess.T)
+
+    def _surrogate_at(self, x, eps, point, window=None) -> tuple[QuadraticSurrogate, int]:
+        full = self.dim <= _FULL_STENCIL_MAX_DIM
+        rows = stencil_points(x, eps, full)
+        sums = self._sums(rows, point, window)
+        n_obs = self.terms.n_obs
+        cost = len(rows) * (n_obs if window is None else min(window, n_obs))
+        if not np.isfinite(sums).all():
+            raise FloatingPointError("the log-likelihood terms are not finite on the stencil")
+        return QuadraticSurrogate(x.copy(), eps.copy(), sums, full), cost
+
+    def _fit_surrogate(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, int]:
+        """Newton steps to the mode; set the surrogate and mass matrix there.
+
+        Returns the mode and the number of terms evaluated.
+        """
+        n_obs = self.terms.n_obs
+        window = min(n_obs, 50_000)
+        eps = 1e-4 * np.maximum(1.0, np.abs(x))
+        spent = 0
+        phases = [window, None] if window < n_obs else [None]
+        for phase in phases:
+            for _ in range(30):
+                sur, cost = self._surrogate_at(x, eps, point, phase)
+                spent += cost
+                grad = sur.grad + self._f0_grad(x, point)
+                neg_h = _positive_definite(-(sur.hess + self._f0_hessian(x, point, eps)))
+                step = np.linalg.solve(neg_h, grad)
+                decrement = float(grad @ step)
+                eps = np.clip(0.1 * np.sqrt(np.diag(np.linalg.inv(neg_h))), 1e-10, 1e-2)
+                if decrement < 1e-6 * self.dim:
+                    break
+                lp0 = sur.value + float(self.terms.log_f0(self._candidates(x[None]), point)[0])
+                t = 1.0
+                while t > 1e-6:
+                    trial = x + t * step
+                    rows = trial[None, :]
+                    lp = self._sums(rows, point, phase)[0]
+                    lp += float(self.terms.log_f0(self._candidates(rows), point)[0])
+                    spent += n_obs if phase is None else phase
+                    if np.isfinite(lp) and lp >= lp0:
+                        break
+                    t *= 0.5
+                x = x + t * step
+                if phase is not None and decrement < self.dim:
+                    break  # close enough on the window: finish on all the data
+        sur, cost = self._surrogate_at(x, eps, point)
+        spent += cost
+        mass = _positive_definite(-(sur.hess + self._f0_hessian(x, point, eps)))
+        self.surrogate = sur
+        self._inv_mass = np.linalg.inv(mass)
+        self._chol_mass = np.linalg.cholesky(mass)
+        self._chol_cov = np.linalg.cholesky(self._inv_mass)
+        return x, spent
+
+    def _ensure_surrogate(self, x, point) -> tuple[np.ndarray, int]:
+        needed = (
+            self.preconditioned
+            or self.control_variates
+            or (self.elemwise and self.user_scaling is None)
+        )
+        if self.surrogate is not None or self._surrogate_failed or not needed:
+            return x, 0
         try:
-            self._cv = taylor_control_variate(
-                lambda rows: self.terms.loglik_full(self._candidates(rows), point), x, step
-            )
-        except ValueError as err:
-            self._cv, self._cv_failed = None, True
+            mode, spent = self._fit_surrogate(x.copy(), point)
+        except (FloatingPointError, np.linalg.LinAlgError) as err:
+            self._surrogate_failed = True
+            self.surrogate = None
+            if self.proposal == "hmc" or self.preconditioned:
+                self.proposal, self.preconditioned = "normal", False
+                self._dual = None
+                self.scaling = 1.0 if self.user_scaling is None else float(self.user_scaling)
             warnings.warn(
-                f"RacingMetropolis: control variates turned off ({err}); racing on the raw terms",
+                f"RacingMetropolis: control variates turned off ({err}); racing on the raw "
+                "terms with a random-walk proposal",
                 UserWarning,
                 stacklevel=3,
             )
-        return (2 * len(x) + 1) * self.terms.n_obs
+            return x, 0
+        if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
+            self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
+        return (mode if self.tune else x), spent
+
+    # -- proposals ---------------------------------------------------------------------
+
+    def _hmc(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, float]:
+        """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
+        sur, inv_mass = self.surrogate, self._inv_mass
+        eps = float(self.scaling) * self.rng.uniform(0.9, 1.1)
+        n_steps = int(min(100, max(1, np.ceil(self.path_length / eps))))
+        p = self._chol_mass @ self.rng.standard_normal(self.dim)
+        kinetic0 = 0.5 * p @ inv_mass @ p
+
+        def grad(theta):
+            return sur.gradient(theta) + self._f0_grad(theta, point)
+
+        theta = x.copy()
+        p = p + 0.5 * eps * grad(theta)
+        for k in range(n_steps):
+            theta = theta + eps * (inv_mass @ p)
+            if not np.isfinite(theta).all():
+                return x, -np.inf
+            g = grad(theta)
+            p = p + (eps if k < n_steps - 1 else 0.5 * eps) * g
+        kinetic1 = 0.5 * p @ inv_mass @ p
+        return theta, float(kinetic0 - kinetic1)
 
     def _gradient_fn(self, point):
         n_obs = self.terms.n_obs
@@ -279,94 +444,126 @@ class RacingMetropolis(RacingStep):
         With ``elemwise``, one random-walk decision per dimension, in random order.
         """
         audit = self._begin_draw()
-        x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
-        totals = {"n_evals": 0, "exhausted": False, "agree": True}
-        use_cv = self.control_variates and not self._cv_failed
-        if use_cv and (self._cv is None or (self.tune and self._cv_due)):
-            totals["n_evals"] += self._update_control_variate(x, point)
+        x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
+        x, spent = self._ensure_surrogate(x0, point)
+        log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0}
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
             accept = np.zeros(len(x))
             for i in self.rng.permutation(len(x)):
                 x_new = x.copy()
                 x_new[i] += self.scaling[i] * self.rng.standard_normal()
-                accepted[i], accept[i] = self._decide(x, x_new, 0.0, 0.0, point, audit, totals)
+                accepted[i], accept[i] = self._decide(x, x_new, 0.0, point, audit, log)
                 if accepted[i]:
                     x = x_new
         else:
-            if self.proposal == "normal":
-                x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
+            if self.proposal == "hmc":
+                x_new, extra = self._hmc(x, point)
+            elif self.proposal == "normal":
+                if self.preconditioned:
+                    x_new = x + self.scaling * (self._chol_cov @ self.rng.standard_normal(len(x)))
+                    extra = 0.0
+                else:
+                    x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
+                    extra = lq_rev - lq_fwd
             else:
                 x_new, lq_fwd, lq_rev = langevin_proposal(
                     x, self.scaling, self._gradient_fn(point), self.rng
                 )
-            ok, acc = self._decide(x, x_new, lq_fwd, lq_rev, point, audit, totals)
+                extra = lq_rev - lq_fwd
+            ok, acc = self._decide(x, x_new, extra, point, audit, log)
             accepted, accept = np.array([ok]), np.array([acc])
             if ok:
                 x = x_new
+        n_decisions = len(accepted)
         stats = {
             "accept": float(np.mean(accept)),
             "accepted": float(np.mean(accepted)),
             "scaling": float(np.mean(self.scaling)),
-            "n_evals": totals["n_evals"],
-            "frac_evals": totals["n_evals"] / (2.0 * self.terms.n_obs * len(accepted)),
-            "exhausted": totals["exhausted"],
-            "audit_agree": (AUDIT_AGREE if totals["agree"] else AUDIT_DISAGREE)
+            "n_evals": log["n_evals"],
+            "frac_evals": log["n_evals"] / (2.0 * self.terms.n_obs * n_decisions),
+            "exhausted": log["exhausted"],
+            "n_decisions": n_decisions,
+            "n_audited": log["audited"],
+            "n_wrong": log["wrong"],
+            "audit_agree": (AUDIT_DISAGREE if log["wrong"] else AUDIT_AGREE)
             if audit
             else AUDIT_NOT_RUN,
             "tune": self.tune,
         }
         if self.tune:
-            self._tune_step(accepted)
-        if accepted.any():
+            self._tune_step(accepted, accept)
+        if accepted.any() or x is not x0:
             point = dict(point)
             for v, value in zip(self.vars, self._split(x), strict=True):
                 point[v.name] = value
         return point, [stats]
 
-    def _decide(self, x, x_new, lq_fwd, lq_rev, point, audit, totals) -> tuple[bool, float]:
-        """Race the MH test from flat ``x`` to ``x_new``; return (accepted, accept prob.)."""
+    def _decide(self, x, x_new, extra, point, audit, log) -> tuple[bool, float]:
+        """Race the MH test from flat ``x`` to ``x_new``; return (accepted, accept prob.).
+
+        ``extra`` is the proposal's part of the log ratio.
+        """
         terms = self.terms
         n_obs = terms.n_obs
-        cands = [np.stack([c, p]) for c, p in zip(self._split(x), self._split(x_new), strict=True)]
+        pair = np.stack([x, x_new])
+        cands = self._candidates(pair)
         log_f0 = terms.log_f0(cands, point)
         log_u = float(np.log(self.rng.random()))
-        if not (np.isfinite(log_f0[1]) and np.isfinite(lq_rev)):
+        if not (np.isfinite(log_f0[1]) and np.isfinite(extra)):
             return False, 0.0
-        exact_part = log_f0[1] + lq_rev - log_f0[0] - lq_fwd
+        exact_part = log_f0[1] - log_f0[0] + extra
+        sur = self.surrogate if self.control_variates else None
+        spent = [0]  # terms evaluated, stencil included
 
-        def rewards(arms, idx):
-            return terms.loglik_batch([c[arms] for c in cands], idx, point)
+        def sums(arms):
+            spent[0] += n_obs * len(arms)
+            return terms.loglik_sum([c[arms] for c in cands], point) - h_total[arms]
 
-        def full_sums(arms):
-            return terms.loglik_sum([c[arms] for c in cands], point)
+        if sur is None:
+            h_total = np.zeros(2)
 
-        cv = self._cv  # None when control variates are off or could not be built
-        if cv is not None:  # race on l_n - h_n; the exact sum of h_n joins the exact part
-            rows = np.stack([x, x_new])
-            residuals = residual_callbacks(
-                rewards,
-                full_sums,
-                lambda arms, idx: cv.subset(rows[arms], terms.positions_to_rows(idx)),
-                cv.total(rows),
-            )
-            rewards, full_sums = residuals.rewards, residuals.totals
-            exact_part += residuals.shift[1] - residuals.shift[0]
+            def rewards(arms, idx):
+                values = terms.loglik_batch([c[arms] for c in cands], idx, point)
+                spent[0] += values.size
+                return values
+
+        else:  # race on l_n - h_n; the exact sums of h_n join the exact part
+            weights = sur.weights(pair)
+            h_total = weights @ sur.sums
+            exact_part += h_total[1] - h_total[0]
+            rows = np.concatenate([self._stencil_rows(), pair])
+            all_cands = self._candidates(rows)
+            k = sur.n_points
+
+            def rewards(arms, idx):
+                values = terms.loglik_batch(all_cands, idx, point)
+                spent[0] += values.size
+                return values[k + arms] - weights[arms] @ values[:k]
+
         config = None if self.decides_exactly else self.race_config
-        decision = mh_test(
-            rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=full_sums
-        )
+        decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
-        totals["n_evals"] += res.n_evaluations
-        totals["exhausted"] |= res.exhausted
+        log["n_evals"] += spent[0]
+        log["exhausted"] |= res.exhausted
         if audit and config is not None:
-            exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, full_sums)
+            exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, sums)
             agree = exact.winner == res.winner
             self._record_audit(agree)
-            totals["agree"] &= agree
+            log["audited"] += 1
+            log["wrong"] += int(not agree)
         return decision.accepted, decision.accept_probability
 
-    def _tune_step(self, accepted: np.ndarray) -> None:
+    def _stencil_rows(self) -> np.ndarray:
+        if getattr(self, "_stencil_cache", (None, None))[0] is not self.surrogate:
+            self._stencil_cache = (self.surrogate, self.surrogate.points())
+        return self._stencil_cache[1]
+
+    def _tune_step(self, accepted: np.ndarray, accept: np.ndarray) -> None:
+        if self._dual is not None:  # hmc: dual averaging on the log step size
+            rate = float(accept[0]) if np.isfinite(accept[0]) else 0.0
+            self.scaling = float(np.exp(self._dual.update(rate, _TARGET_HMC)))
+            return
         self.accepted_sum = self.accepted_sum + accepted.astype(int)
         self.steps_until_tune -= 1
         if self.steps_until_tune > 0:
@@ -377,4 +574,41 @@ class RacingMetropolis(RacingStep):
         else:  # Robbins–Monro on log(eps) towards the target acceptance
             scaling = self.scaling * np.exp(2.0 * (rate - self.target_accept))
         self.scaling = scaling if self.elemwise else float(np.squeeze(scaling))
-        self._reset_tuning()
+        self._reset_interval()
+
+
+def _positive_definite(matrix: np.ndarray) -> np.ndarray:
+    """Symmetrize and lift eigenvalues to at least 1e-8 of the largest (a valid metric)."""
+    sym = 0.5 * (matrix + matrix.T)
+    vals, vecs = np.linalg.eigh(sym)
+    if not np.isfinite(vals).all():
+        raise np.linalg.LinAlgError("the Hessian of the log posterior is not finite")
+    floor = 1e-8 * max(float(np.abs(vals).max()), 1e-300)
+    return (vecs * np.maximum(np.abs(vals), floor)) @ vecs.T
+
+
+class _DualAveraging:
+    """Dual averaging of a log step size (Nesterov 2009; Hoffman & Gelman 2014, Alg. 5)."""
+
+    def __init__(self, log_step: float, gamma: float = 0.05, t0: float = 10.0, kappa: float = 0.75):
+        self.mu = log_step + np.log(10.0)
+        self.log_step = self.log_bar = log_step
+        self.h_bar = 0.0
+        self.n = 0
+        self.gamma, self.t0, self.kappa = gamma, t0, kappa
+        self.accept_sum = 0.0
+
+    @property
+    def mean_accept(self) -> float:
+        return self.accept_sum / max(self.n, 1)
+
+    def update(self, accept: float, target: float) -> float:
+        self.n += 1
+        self.accept_sum += accept
+        n = self.n
+        w = 1.0 / (n + self.t0)
+        self.h_bar = (1 - w) * self.h_bar + w * (target - accept)
+        self.log_step = self.mu - np.sqrt(n) / self.gamma * self.h_bar
+        eta = n ** (-self.kappa)
+        self.log_bar = eta * self.log_step + (1 - eta) * self.log_bar
+        return self.log_step

@@ -4,11 +4,13 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from scipy import stats
 
 from pymc_subsample import RacingMetropolis
 
 # race on the whole schedule (the default exact_fraction would go exact at once for
-# these small, cheap models); delta and first batch as ALGORITHMS.md §3 advises
+# these small, cheap models); a small delta and a large first batch remove the bias
+# of loose Racing-Normal tests (see the racing explanation in the docs)
 RACE = {"exact_fraction": 1.0, "delta": 0.01, "batch_size": 500}
 
 
@@ -51,7 +53,7 @@ def linear():
 def test_linear_regression_matches_nuts(linear):
     model, nuts = linear
     with model:
-        step = RacingMetropolis([model["b"], model["a"]], scaling=0.01, **RACE)
+        step = RacingMetropolis([model["b"], model["a"]], proposal="normal", scaling=0.01, **RACE)
         idata = pm.sample(
             1500,
             tune=1000,
@@ -132,29 +134,62 @@ def test_logistic_regression_matches_nuts(logistic, control_variates):
     assert (audits[done] == 0).mean() < 0.05
     frac = float(idata.sample_stats["frac_evals"].mean())
     if control_variates:  # residuals of the Taylor expansion decide races early
-        assert frac < 0.25, frac
+        # (each look evaluates the 19-point stencil too: at N = 2e4 one look of 500 is 0.26)
+        assert frac < 0.35, frac
     else:
         assert frac > 0.5, frac
 
 
-def test_taylor_control_variate_sums_and_linear_terms():
-    """h sums exactly; for terms linear in theta the residuals vanish."""
-    from pymc_subsample.control_variates import taylor_control_variate
+def test_quadratic_surrogate_is_exact_on_quadratics_and_sums_consistently():
+    """h sums exactly to its stencil sums; for quadratic terms the residuals vanish."""
+    from pymc_subsample.surrogate import QuadraticSurrogate, stencil_points
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1000, 3))
     c = rng.normal(size=1000)
 
-    def full(thetas):
-        return c[None, :] + thetas @ x.T
+    def terms(thetas):  # l_n(theta) = c_n + x_n . theta - (x_n . theta)^2 / 2
+        z = thetas @ x.T
+        return c[None, :] + z - 0.5 * z**2
 
-    cv = taylor_control_variate(full, np.array([0.1, -0.2, 0.3]), 1e-3)
+    ref, eps = np.array([0.1, -0.2, 0.3]), np.array([1e-2, 2e-2, 5e-3])
+    stencil = stencil_points(ref, eps)
+    assert stencil.shape == (1 + 2 * 9, 3)
+    values = terms(stencil)
+    sur = QuadraticSurrogate(ref, eps, values.sum(axis=1))
     thetas = rng.normal(size=(4, 3))
-    idx = np.arange(1000)
-    np.testing.assert_allclose(cv.subset(thetas, idx).sum(axis=1), cv.total(thetas))
-    np.testing.assert_allclose(cv.subset(thetas, idx), full(thetas), atol=1e-8)
-    with pytest.raises(ValueError, match="not finite"):
-        taylor_control_variate(lambda t: np.full((len(t), 5), -np.inf), np.zeros(2), 1e-3)
+    h = sur.weights(thetas) @ values  # per observation
+    np.testing.assert_allclose(h, terms(thetas), atol=1e-7)
+    np.testing.assert_allclose(h.sum(axis=1), sur.total(thetas), rtol=1e-10)
+    np.testing.assert_allclose(sur.hess, -(x.T @ x), rtol=1e-6)
+    diag = QuadraticSurrogate(ref, eps, terms(stencil_points(ref, eps, False)).sum(1), False)
+    assert diag.n_points == 7 and np.count_nonzero(diag.hess - np.diag(np.diag(diag.hess))) == 0
+    with pytest.raises(ValueError, match="stencil sums"):
+        QuadraticSurrogate(ref, eps, np.zeros(5))
+
+
+def test_defaults_from_the_initial_point_match_nuts(logistic):
+    """A new user's call: no scaling, no initvals; HMC on the surrogate, racing accept test."""
+    model, nuts = logistic
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], audit_every=5)
+        idata = pm.sample(
+            1000,
+            tune=500,
+            step=[step],
+            chains=2,
+            random_seed=11,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert_posteriors_agree(idata, nuts, ["a", "b"])
+    ess = az.ess(idata, var_names=["a", "b"])
+    assert min(float(ess[v].min()) for v in ("a", "b")) > 600  # nearly independent draws
+    ss = idata.sample_stats
+    assert float(ss["accepted"].mean()) > 0.6
+    wrong, audited = int(ss["n_wrong"].sum()), int(ss["n_audited"].sum())
+    assert audited == 2 * 200
+    assert stats.binom.sf(wrong - 1, audited, step.delta) > 1e-3, wrong
 
 
 def test_langevin_with_full_gradient_is_mala_and_matches_nuts(linear):
@@ -208,7 +243,13 @@ def test_langevin_racing_runs_and_tunes(linear):
 def test_exact_bound_makes_plain_mh_decisions(linear):
     model, _ = linear
     with model:
-        step = RacingMetropolis([model["b"], model["a"]], bound="exact", scaling=0.01)
+        step = RacingMetropolis(
+            [model["b"], model["a"]],
+            bound="exact",
+            proposal="normal",
+            scaling=0.01,
+            control_variates=False,
+        )
     logp = model.compile_logp()
     point = model.initial_point()
     point["b"] = np.array([0.5, -0.3])
@@ -234,7 +275,9 @@ def test_setup_chain_resets_tuning(linear):
     with model:
         # a scale far above the posterior sd (0.007): every proposal is rejected,
         # so PyMC's rule shrinks the scale tenfold after each interval
-        step = RacingMetropolis([model["a"]], scaling=5.0, tune_interval=5, rng=0, **RACE)
+        step = RacingMetropolis(
+            [model["a"]], proposal="normal", scaling=5.0, tune_interval=5, rng=0, **RACE
+        )
     point = model.initial_point()
     point["a"] = np.array(0.2)
     for _ in range(12):
@@ -249,7 +292,9 @@ def test_setup_chain_resets_tuning(linear):
     [
         ({"delta": 0.0}, "delta"),
         ({"delta": 1.0}, "delta"),
-        ({"proposal": "hmc"}, "proposal"),
+        ({"proposal": "slice"}, "proposal"),
+        ({"path_length": 0.0}, "path_length"),
+        ({"bound": "lilucb"}, "lilucb"),
         ({"bound": "hoeffding"}, "bound"),
         ({"scaling": -1.0}, "scaling"),
         ({"tune_interval": 0}, "tune_interval"),
