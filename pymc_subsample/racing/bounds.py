@@ -234,12 +234,18 @@ class NormalBound:
     skew_guard : bool
         Whether eliminations wait for Cochran's rule :math:`T \ge 25 \hat g_1^2`
         on the latest batch (only without ``floor_range``).
+    cantelli : float
+        :math:`k` with :math:`1/(1+k^2)` the error allowed per look and
+        comparison: a gap of :math:`k` standard errors is decisive whatever the
+        shape of the rewards (Cantelli's inequality), so the skew guard does
+        not hold it back.
     """
 
     threshold: float
     n_obs: int
     floor_range: float | None = None
     skew_guard: bool = True
+    cantelli: float = np.inf
 
     def factor(self, n_drawn: int) -> float:
         r"""Half-width per unit standard deviation, :math:`B\sqrt{(N-T)/((N-1)T)}`."""

@@ -178,7 +178,8 @@ class RaceConfig:
             c = 2.0 * c
         if self.bound == "normal":
             threshold = normal_threshold(looks[:-1], n_obs, delta_comp)
-            bound = NormalBound(threshold, n_obs, c, self.skew_guard)
+            cantelli = float(np.sqrt(max(len(looks) - 1, 1) / delta_comp - 1.0))
+            bound = NormalBound(threshold, n_obs, c, self.skew_guard, cantelli)
             widths = {int(t): (bound.factor(t), bound.floor(t)) for t in looks[:-1]}
         else:
             bound = EBSBound(delta_comp / max(len(looks) - 1, 1), n_obs, c)
@@ -395,7 +396,8 @@ class SharedRace:
             keep = self._ebs_keep(batch, mean + self.offsets[alive], lead, m2, n_ref, size)
         drop = not keep.all()
         if drop and self.normal and self.bound.guards_skew:
-            keep = _cochran_guard(batch, lead, keep, self.pairwise, size)
+            score = mean + self.offsets[alive]
+            keep = self._skew_guard(batch, lead, keep, score, m2, n_ref, size)
             drop = not keep.all()
         if drop:
             offsets = self.offsets[alive]
@@ -406,6 +408,26 @@ class SharedRace:
             alive, mean, dmean, m2 = alive[rows], mean[rows], dmean[rows], m2[rows]
         winner = int(alive[0]) if len(alive) == 1 else -1
         return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
+
+    def _skew_guard(self, batch, lead, keep, score, m2, n_ref, size) -> np.ndarray:
+        """Cochran's rule on the arms about to be dropped, unless their gap is decisive.
+
+        A gap of at least ``cantelli`` standard errors is decisive by Cantelli's
+        inequality, which holds for any distribution of the rewards.
+        """
+        guarded = _cochran_guard(batch, lead, keep, self.pairwise, size)
+        held = guarded & ~keep
+        if not held.any():
+            return guarded
+        gap = score[lead] - score
+        if self.pairwise:
+            sd = np.sqrt(np.maximum(m2 / max(n_ref, 1), 0.0))
+        else:
+            var = np.maximum(m2 / size, 0.0)
+            sd = np.sqrt(var + var[lead])
+        se = sd * np.sqrt((self.n_obs - size) / (self.n_obs - 1.0) / size)
+        decisive = gap >= self.bound.cantelli * se
+        return guarded & ~(held & decisive)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
