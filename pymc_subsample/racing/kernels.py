@@ -160,33 +160,37 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
 
 @njit(cache=True, fastmath=_FAST)
 def skewness_squared(batch, lead, rows, pairwise):  # pragma: no cover - compiled
-    r"""Squared sample skewness :math:`\hat g_1^2` on (at most 1024 evenly spread) observations.
+    r"""Squared sample skewness :math:`\hat g_1^2` on the first (at most 1024) observations.
 
     For each arm in ``rows``: of :math:`l_{\mathrm{lead},n} - l_{i,n}` when
-    ``pairwise``, else of :math:`l_{i,n}`. Cochran's rule asks for
-    :math:`T > 25 \hat g_1^2` before trusting a normal approximation of the
-    mean of :math:`T` draws.
+    ``pairwise``, else of :math:`l_{i,n}`. A batch's observations are in
+    random order, so its first ones are a random sample of it. Cochran's rule
+    asks for :math:`T > 25 \hat g_1^2` before trusting a normal approximation
+    of the mean of :math:`T` draws.
     """
-    s, m = batch.shape
-    stride = (m + 1023) // 1024
+    m = min(batch.shape[1], 1024)
     out = np.empty(len(rows))
+    v = np.empty(m)
     for r in range(len(rows)):
         i = rows[r]
-        cnt = 0
+        if pairwise:
+            for k in range(m):
+                v[k] = batch[lead, k] - batch[i, k]
+        else:
+            for k in range(m):
+                v[k] = batch[i, k]
         mu = 0.0
-        for k in range(0, m, stride):
-            v = batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
-            mu += v
-            cnt += 1
-        mu /= cnt
+        for k in range(m):
+            mu += v[k]
+        mu /= m
         m2 = 0.0
         m3 = 0.0
-        for k in range(0, m, stride):
-            v = (batch[lead, k] - batch[i, k] if pairwise else batch[i, k]) - mu
-            m2 += v * v
-            m3 += v * v * v
-        if m2 <= 1e-20 * cnt * mu * mu:  # constant up to rounding: no skewness to speak of
+        for k in range(m):
+            c = v[k] - mu
+            m2 += c * c
+            m3 += c * c * c
+        if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
             out[r] = 0.0
         else:
-            out[r] = m3 * m3 * cnt / max(m2**3, 1e-300)
+            out[r] = m3 * m3 * m / max(m2**3, 1e-300)
     return out

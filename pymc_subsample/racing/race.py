@@ -413,12 +413,9 @@ class SharedRace:
         """Cochran's rule on the arms about to be dropped, unless their gap is decisive.
 
         A gap of at least ``cantelli`` standard errors is decisive by Cantelli's
-        inequality, which holds for any distribution of the rewards.
+        inequality, which holds for any distribution of the rewards; the
+        skewness is computed only for the other arms.
         """
-        guarded = _cochran_guard(batch, lead, keep, self.pairwise, size)
-        held = guarded & ~keep
-        if not held.any():
-            return guarded
         gap = score[lead] - score
         if self.pairwise:
             sd = np.sqrt(np.maximum(m2 / max(n_ref, 1), 0.0))
@@ -426,8 +423,11 @@ class SharedRace:
             var = np.maximum(m2 / size, 0.0)
             sd = np.sqrt(var + var[lead])
         se = sd * np.sqrt((self.n_obs - size) / (self.n_obs - 1.0) / size)
-        decisive = gap >= self.bound.cantelli * se
-        return guarded & ~(held & decisive)
+        doubtful = ~keep & (gap < self.bound.cantelli * se)
+        if not doubtful.any():
+            return keep
+        guarded = _cochran_guard(batch, lead, keep | ~doubtful, self.pairwise, size)
+        return keep | (guarded & doubtful)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
@@ -486,7 +486,7 @@ def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
     """Keep the arms whose elimination rests on a mean too skewed to be near-normal.
 
     Cochran's rule: the mean of ``n`` draws is close to normal once
-    ``n > 25 g1**2``; ``g1`` is estimated on (at most 1024 observations of)
+    ``n > 25 g1**2``; ``g1`` is estimated on (the first 1024 observations of)
     the latest batch, of the differences with the leader in pairwise mode
     (:func:`~pymc_subsample.racing.kernels.skewness_squared`). Computed only
     for the arms about to be dropped.
