@@ -1,172 +1,272 @@
-"""RacingMetropolis against pm.Metropolis and NUTS on logistic regression, same run.
+"""RacingMetropolis at its defaults against the samplers a user would pick instead.
 
-Logistic regression with d = 5 covariates (intercept included) and N in
-{1e5, 1e6}. Each sampler runs 2 chains with the same seed, started at the true
-coefficients (the bulk of the posterior: this measures mixing, not burn-in); reported: minimum
-bulk ESS over the coefficients, sampling time (``pm.sample``'s own,
-tuning included), ESS per second, per-observation terms evaluated during the
-kept draws (RacingMetropolis: its ``n_evals`` stat; pm.Metropolis: 2N per
-decision, one decision per dimension, as its ``delta_logp`` evaluates both
-points; NUTS: N per gradient evaluation, ``n_steps`` per draw), ESS per million terms and, for
-RacingMetropolis, the mean data fraction ``frac_evals`` and the audit error
-rate. RacingMetropolis runs twice: with its default control variates (races
-on Taylor residuals; the expansion passes over the data during tuning are
-counted in ``n_evals`` of tuning draws only) and with ``control_variates=False``.
-Both Metropolis samplers use the same proposal: a random walk on one
-dimension at a time (``elemwise=True``, pm.Metropolis's default for vector
-variables) with PyMC's per-dimension scale tuning (every 50 draws) from the same
-initial scale, 4/sqrt(N).
+Models (``benchmarks/peers.py`` builds the data and the PyMC models): a logistic
+regression with an intercept and four covariates at N in {1e5, 1e6, 1e7}, and a
+robust (Student-t, 4 degrees of freedom) regression at N = 1e6. Samplers, in
+the same run, chains one after the other:
 
-Writes ``docs/results/tables/racing_metropolis.md`` (with ``--only N``:
-``racing_metropolis_N.md``, one size; with ``--quick``: ``racing_metropolis_quick.md``). Run:
-``python benchmarks/racing_metropolis.py [--quick] [--only N]``.
+* ``RacingMetropolis([a, b])`` exactly as a new user writes it: no ``initvals``,
+  no ``scaling`` (chains start at ``model.initial_point()``; the step finds the
+  bulk itself). 2 chains, 500 tuning + 500 kept draws. Its construction
+  (compilation) is reported apart; its sampling time includes the warm-up
+  (Newton passes over the data).
+* A separate audited run (1 chain, every decision replayed exactly) gives the
+  error rate per decision.
+* Peers (the optional ``peers`` extra; skipped with a message when absent):
+  numpyro NUTS on all data, numpyro HMCECS (NUTS inner kernel, Taylor proxy at
+  a full-data MAP found by BFGS, subsample 1000), nutpie, and PyMC's NUTS at
+  N = 1e5. Compilation is reported apart. At N = 1e7 the NUTS peers run one
+  chain and nutpie and PyMC's NUTS are skipped (hours).
+
+Reported: min bulk ESS over the coefficients, seconds, ESS/s, agreement of the
+posterior means with the reference (numpyro NUTS, else PyMC NUTS) in units of
+the combined Monte Carlo standard error, and for RacingMetropolis the
+observations read per decision (median and mean: the batch a decision needs,
+which theory says does not grow with N) and the audited error per decision.
+
+Writes ``docs/results/tables/racing_metropolis_<tag>.md`` and ``.json`` per
+(model, N); ``--figure`` then draws ``docs/results/figures/racing_metropolis_batch.png``
+and the combined table ``racing_metropolis.md`` from all the JSON files. Run:
+``python benchmarks/racing_metropolis.py --n 100000 [--model studentt]``, then
+``python benchmarks/racing_metropolis.py --figure``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 import arviz as az
 import numpy as np
+import peers
 import pymc as pm
 
 from pymc_subsample import RacingMetropolis
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
-OUT = OUT / "racing_metropolis.md"
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = ROOT / "docs" / "results" / "tables"
+FIGURES = ROOT / "docs" / "results" / "figures"
+COEFS = ["a", "b[0]", "b[1]", "b[2]", "b[3]"]
 
 
-TRUE_BETA = np.array([0.8, -0.5, 0.3, 0.0])
+def summarise(idata, names):
+    """Min bulk ESS over the coefficients; means, sds and MCSEs per coefficient."""
+    summ = az.summary(idata, var_names=names, kind="all")
+    rows = [r for r in summ.index if r.split("[")[0] in ("a", "b")]
+    return (
+        float(summ.loc[rows, "ess_bulk"].astype(float).min()),
+        {r: float(summ.loc[r, "mean"]) for r in summ.index},
+        {r: float(summ.loc[r, "sd"]) for r in summ.index},
+        {r: float(summ.loc[r, "mcse_mean"]) for r in summ.index},
+    )
 
 
-def make_model(n_obs: int, seed: int = 0) -> pm.Model:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n_obs, 4))
-    y = rng.binomial(1, 1 / (1 + np.exp(-(0.2 + x @ TRUE_BETA))))
-    with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y_data", y)
-        a = pm.Normal("a", 0, 3)
-        b = pm.Normal("b", 0, 3, shape=4)
-        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
-    return model
-
-
-def run(model, kind, draws, tune, seed=1):
-    # both Metropolis samplers start at the scale of the posterior sd (about 2/sqrt(N)
-    # for these coefficients, times 2 for one-dimension-at-a-time moves)
-    scaling = 4.0 / np.sqrt(model["x"].get_value().shape[0])
+def ours(model, names, draws=500, tune=500, chains=2, seed=1):
     with model:
-        if kind in ("racing", "racing_cv"):
-            step = [
-                RacingMetropolis(
-                    [model["a"], model["b"]],
-                    scaling=scaling,
-                    tune_interval=50,
-                    elemwise=True,
-                    audit_every=20,
-                    control_variates=kind == "racing_cv",
-                )
-            ]
-        elif kind == "metropolis":
-            step = [pm.Metropolis([model["a"], model["b"]], scaling=scaling, tune_interval=50)]
-        else:
-            step = None
+        t0 = time.perf_counter()
+        step = RacingMetropolis([model[v] for v in names])
+        build = time.perf_counter() - t0
         t0 = time.perf_counter()
         idata = pm.sample(
-            initvals={"a": 0.2, "b": TRUE_BETA},  # start in the bulk: measure mixing, not burn-in
-            draws=draws,
-            tune=tune,
-            chains=2,
-            step=step,
-            random_seed=seed,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
-        wall = time.perf_counter() - t0
-    return idata, wall
-
-
-def row(label, n_obs, idata, wall):
-    ess = az.ess(idata, var_names=["a", "b"])
-    min_ess = float(min(float(ess[v].min()) for v in ("a", "b")))
-    seconds = float(idata["sample_stats"].attrs.get("sampling_time", wall))
+            draws=draws, tune=tune, chains=chains, cores=1, step=[step], random_seed=seed,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+    min_ess, means, sds, mcses = summarise(idata, names)
     ss = idata.sample_stats
-    if "n_evals" in ss:
-        evals = float(ss["n_evals"].sum())
-        frac = float(ss["frac_evals"].mean())
-        audits = ss["audit_agree"].values
-        err = float((audits[audits >= 0] == 0).mean()) if (audits >= 0).any() else np.nan
-    elif "n_steps" in ss:
-        evals, frac, err = float(ss["n_steps"].sum()) * n_obs, np.nan, np.nan
+    per_point = step.surrogate.n_points + 2 if step.surrogate is not None else 2
+    obs = ss["n_evals"].values.ravel() / per_point  # observations read per decision
+    return {
+        "sampler": "RacingMetropolis (defaults)",
+        "min_ess": min_ess,
+        "seconds": seconds,
+        "compile_seconds": build,
+        "means": means,
+        "sds": sds,
+        "mcses": mcses,
+        "obs_median": float(np.median(obs)),
+        "obs_mean": float(obs.mean()),
+        "accept": float(ss["accepted"].mean()),
+        "chains": chains,
+        "draws": draws,
+    }
+
+
+def audited(model, names, draws, seed=3):
+    with model:
+        step = RacingMetropolis([model[v] for v in names], audit_every=1)
+        idata = pm.sample(
+            draws=draws, tune=200, chains=1, cores=1, step=[step], random_seed=seed,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    ss = idata.sample_stats
+    return int(ss["n_wrong"].sum()), int(ss["n_audited"].sum())
+
+
+def pymc_nuts(model, names, draws=500, tune=500, chains=2, seed=2):
+    with model:
+        t0 = time.perf_counter()
+        idata = pm.sample(
+            draws=draws, tune=tune, chains=chains, cores=1, random_seed=seed,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+        wall = time.perf_counter() - t0
+    seconds = float(idata["sample_stats"].attrs.get("sampling_time", wall))
+    min_ess, means, sds, mcses = summarise(idata, names)
+    return {
+        "sampler": "PyMC NUTS", "min_ess": min_ess, "seconds": seconds,
+        "compile_seconds": wall - seconds, "means": means, "sds": sds, "mcses": mcses,
+        "chains": chains, "draws": draws,
+    }  # fmt: skip
+
+
+def from_peer(res) -> dict:
+    return {
+        "sampler": res.name, "min_ess": res.min_ess, "seconds": res.seconds,
+        "compile_seconds": res.compile_seconds, "means": res.means, "sds": res.sds,
+        "mcses": res.mcses, "chains": res.chains, "draws": res.draws,
+    }  # fmt: skip
+
+
+def agreement(row, ref) -> float:
+    """Largest |mean difference| over the coefficients, in combined MCSEs."""
+    worst = 0.0
+    for c in COEFS:
+        se = np.hypot(row["mcses"][c], ref["mcses"][c])
+        worst = max(worst, abs(row["means"][c] - ref["means"][c]) / se)
+    return worst
+
+
+def run(model_kind: str, n_obs: int) -> None:
+    big = n_obs >= 10_000_000
+    data = peers.logistic_data if model_kind == "logistic" else peers.studentt_data
+    build = peers.logistic_pymc if model_kind == "logistic" else peers.studentt_pymc
+    x, y = data(n_obs)
+    model = build(x, y)
+    names = ["a", "b"] + (["sigma"] if model_kind == "studentt" else [])
+    rows = []
+    print(f"{model_kind} N={n_obs:.0e}: RacingMetropolis ...", flush=True)
+    rows.append(ours(model, names))
+    print(f"  {rows[-1]['min_ess']:.0f} ESS in {rows[-1]['seconds']:.1f} s", flush=True)
+    wrong, n_audit = audited(model, names, 60 if big else 200)
+    print(f"  audits: {wrong} of {n_audit} decisions differ", flush=True)
+    reasons = peers.available()
+    nuts_fn = getattr(peers, f"{model_kind}_numpyro_nuts")
+    ecs_fn = getattr(peers, f"{model_kind}_numpyro_hmcecs")
+    skipped = []
+    for key, fn, label in [
+        ("numpyro_nuts", nuts_fn, "numpyro NUTS"),
+        ("numpyro_hmcecs", ecs_fn, "numpyro HMCECS"),
+    ]:
+        if reasons[key]:
+            skipped.append(f"{label}: {reasons[key]}")
+            print(f"  skipped {label}: {reasons[key]}", flush=True)
+            continue
+        print(f"  {label} ...", flush=True)
+        rows.append(from_peer(fn(x, y, chains=1 if big and key == "numpyro_nuts" else 2)))
+        print(f"  {rows[-1]['min_ess']:.0f} ESS in {rows[-1]['seconds']:.1f} s", flush=True)
+    if big:
+        skipped.append("nutpie and PyMC NUTS: skipped at N = 1e7 (hours of sampling)")
+    elif reasons["nutpie"]:
+        skipped.append(f"nutpie: {reasons['nutpie']}")
     else:
-        # one decision per dimension (5), each computing the log density at both points
-        evals, frac, err = float(ss["accepted"].size) * 5 * 2 * n_obs, np.nan, np.nan
-    return dict(
-        sampler=label,
-        N=n_obs,
-        ess=min_ess,
-        seconds=seconds,
-        ess_s=min_ess / seconds,
-        evals=evals,
-        ess_per_m=min_ess / evals * 1e6,
-        frac=frac,
-        audit_err=err,
+        print("  nutpie ...", flush=True)
+        rows.append(from_peer(peers.nutpie_sample(model)))
+    if n_obs <= 100_000:
+        print("  PyMC NUTS ...", flush=True)
+        rows.append(pymc_nuts(model, names))
+    elif not big:
+        skipped.append("PyMC NUTS: run at N = 1e5 only (about 0.1 s a draw per 1e5 rows)")
+    ref = next((r for r in rows if r["sampler"].startswith("numpyro NUTS")), None)
+    ref = ref or next((r for r in rows if r["sampler"] == "PyMC NUTS"), None)
+    for r in rows:
+        r["ess_s"] = r["min_ess"] / r["seconds"]
+        r["agree"] = agreement(r, ref) if ref is not None and r is not ref else None
+    result = {
+        "model": model_kind, "N": n_obs, "rows": rows, "audit_wrong": wrong,
+        "audit_decisions": n_audit, "skipped": skipped,
+        "reference": None if ref is None else ref["sampler"],
+    }  # fmt: skip
+    tag = f"{model_kind}_{n_obs:.0e}".replace("+", "")
+    TABLES.mkdir(parents=True, exist_ok=True)
+    (TABLES / f"racing_metropolis_{tag}.json").write_text(json.dumps(result, indent=1))
+    print(table([result]))
+
+
+def table(results) -> str:
+    lines = [
+        "| model | N | sampler | chains × draws | min ESS | seconds | ESS/s | compile s | "
+        "max |Δ mean| / MCSE | observations per decision (median, mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for r in res["rows"]:
+            agree = "reference" if r["agree"] is None else f"{r['agree']:.1f}"
+            obs = f"{r['obs_median']:.0f}, {r['obs_mean']:.0f}" if "obs_median" in r else ""
+            lines.append(
+                f"| {res['model']} | {res['N']:.0e} | {r['sampler']} | "
+                f"{r['chains']} × {r['draws']} | {r['min_ess']:.0f} | {r['seconds']:.1f} | "
+                f"{r['ess_s']:.1f} | {r['compile_seconds']:.1f} | {agree} | {obs} |"
+            )
+    lines.append("")
+    for res in results:
+        lines.append(
+            f"- {res['model']}, N = {res['N']:.0e}: audited decisions that differed from exact "
+            f"MH: {res['audit_wrong']} of {res['audit_decisions']}."
+            + "".join(f" Skipped: {s}." for s in res["skipped"])
+        )
+    return "\n".join(lines)
+
+
+def figure() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [json.loads(p.read_text()) for p in sorted(TABLES.glob("racing_metropolis_*.json"))]
+    results.sort(key=lambda r: (r["model"], r["N"]))
+    (TABLES / "racing_metropolis.md").write_text(
+        "# RacingMetropolis at its defaults against the peers\n\n"
+        "Regenerate with `python benchmarks/racing_metropolis.py --n N [--model studentt]` "
+        "per row group, then `--figure`.\n\n" + table(results) + "\n"
     )
+    logistic = [r for r in results if r["model"] == "logistic"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    ns = [r["N"] for r in logistic]
+    ours_rows = [next(x for x in r["rows"] if "obs_median" in x) for r in logistic]
+    axes[0].loglog(ns, [o["obs_median"] for o in ours_rows], "o-", label="median")
+    axes[0].loglog(ns, [o["obs_mean"] for o in ours_rows], "s--", label="mean (with exact passes)")
+    axes[0].set_xlabel("N (observations)")
+    axes[0].set_ylabel("observations read per MH decision")
+    axes[0].set_title("Batch a decision needs (second-order control variates)")
+    axes[0].legend()
+    for name in ("RacingMetropolis (defaults)", "numpyro NUTS", "numpyro HMCECS", "nutpie"):
+        pts = [(r["N"], x["ess_s"]) for r in logistic for x in r["rows"] if x["sampler"] == name]
+        if pts:
+            axes[1].loglog(*zip(*pts, strict=True), "o-", label=name)
+    axes[1].set_xlabel("N (observations)")
+    axes[1].set_ylabel("min bulk ESS per second")
+    axes[1].set_title("Logistic regression, d = 5")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    FIGURES.mkdir(parents=True, exist_ok=True)
+    fig.savefig(FIGURES / "racing_metropolis_batch.png", dpi=110)
+    print(f"wrote {FIGURES / 'racing_metropolis_batch.png'} and the combined table")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 1e5 only, fewer draws")
-    parser.add_argument("--only", type=int, help="run this N only (table gets a suffix)")
+    parser.add_argument("--n", type=int, help="number of observations")
+    parser.add_argument("--model", choices=("logistic", "studentt"), default="logistic")
+    parser.add_argument("--figure", action="store_true", help="figure and combined table")
     args = parser.parse_args()
-    global OUT
-    plan = {100_000: (600, 300, 200)} if not args.quick else {100_000: (300, 300, 150)}
-    if not args.quick:
-        plan[1_000_000] = (200, 100, 100)
-    if args.only:
-        plan = {args.only: plan[args.only]}
-        OUT = OUT.with_name(f"racing_metropolis_{args.only}.md")
-    if args.quick:  # never overwrite the full results
-        OUT = OUT.with_name("racing_metropolis_quick.md")
-    rows = []
-    for n_obs, (draws, tune, nuts_draws) in plan.items():
-        model = make_model(n_obs)
-        for label, kind, d, t in [
-            ("RacingMetropolis (control variates, default)", "racing_cv", draws, tune),
-            ("RacingMetropolis without control variates", "racing", draws, tune),
-            ("pm.Metropolis", "metropolis", draws, tune),
-            ("NUTS", "nuts", nuts_draws, nuts_draws),
-        ]:
-            print(f"N={n_obs:.0e}: {label}, {d} draws + {t} tune, 2 chains ...", flush=True)
-            idata, wall = run(model, kind, d, t)
-            r = row(label, n_obs, idata, wall)
-            rows.append(r)
-            print(
-                f"  min ESS {r['ess']:.0f}, {r['seconds']:.1f} s, ESS/s {r['ess_s']:.2f}, "
-                f"ESS per 1e6 terms {r['ess_per_m']:.3f}, data fraction {r['frac']:.3f}",
-                flush=True,
-            )
-    lines = [
-        "# RacingMetropolis vs pm.Metropolis and NUTS (logistic regression, d = 5)",
-        "",
-        "Regenerate with `python benchmarks/racing_metropolis.py`. Same run, 2 chains.",
-        "",
-        "| N | sampler | min ESS | seconds | ESS/s | terms evaluated | ESS per 10⁶ terms "
-        "| data fraction | audited draws with a wrong decision |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['N']:.0e} | {r['sampler']} | {r['ess']:.0f} | {r['seconds']:.1f} | "
-            f"{r['ess_s']:.2f} | {r['evals']:.3g} | {r['ess_per_m']:.3f} | "
-            f"{r['frac']:.3f} | {r['audit_err']:.3f} |"
-        )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text("\n".join(lines) + "\n")
-    print(f"wrote {OUT}")
+    if args.figure:
+        figure()
+    else:
+        run(args.model, args.n or 100_000)
 
 
 if __name__ == "__main__":
