@@ -58,9 +58,12 @@ def make_model(n_obs, n_cat, kind, likelihood="normal", seed=0):
 def interleaved(steps, point, block, blocks=5):
     """Median seconds per draw of each step, timed in alternating blocks; racing stats."""
     points = dict.fromkeys(steps, point)
-    for name, step in steps.items():
-        for _ in range(2):  # warm-up: first calls compile
-            points[name], _ = step.step(points[name])
+    for name, step in list(steps.items()):
+        try:
+            for _ in range(2):  # warm-up: first calls compile
+                points[name], _ = step.step(points[name])
+        except ValueError:  # PyMC's proportional proposal on a point-mass conditional
+            del steps[name]
     times = {name: [] for name in steps}
     evals, rounds = [], []
     for _ in range(blocks):
