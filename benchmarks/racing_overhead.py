@@ -8,6 +8,11 @@ own work: window positions, the compiled look (running means, spread
 statistics, elimination), the driver. Reported per look, with the first
 column (batch 50) the issue's "cost of a look" at D = 10.
 
+A second table gives the per-term cost of a race batch on a PyMC model
+(y ~ Normal(mu[q], 1), N = 1e6, D = 10 candidates): a contiguous window of the
+row-permuted copy (the default layout) and a gather of random rows (the
+``batches="random"`` layout), against one fused pass over all N.
+
 Writes ``docs/results/tables/racing_overhead.md``. Run:
 ``python benchmarks/racing_overhead.py``.
 """
@@ -48,6 +53,33 @@ def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int 
     return best * 1e6
 
 
+def per_term_costs(batch_sizes=(1_000, 10_000, 100_000)):
+    """Ns per term: window, gather, and the fused sum, on the Normal selector model."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from categorical_gibbs import make_model
+
+    from pymc_subsample import SubsampledCategoricalGibbs
+    from pymc_subsample.cost import median_seconds
+
+    n_obs, n_cat = 1_000_000, 10
+    model, q = make_model(n_obs, n_cat, "concentrated")
+    point = model.initial_point()
+    with model:
+        step = SubsampledCategoricalGibbs([q], exact_fraction=1.0, batch_size=50)
+    terms, cands = step.terms, [np.arange(n_cat)]
+    fused = median_seconds(lambda: terms.loglik_sum(cands, point), 15) / (n_obs * n_cat)
+    rows = []
+    rng = np.random.default_rng(0)
+    for m in batch_sizes:
+        window = median_seconds(lambda m=m: terms.loglik_batch(cands, slice(0, m), point), 15)
+        idx = np.sort(rng.choice(n_obs, size=m, replace=False))
+        gather = median_seconds(lambda idx=idx: terms.loglik_subset(cands, idx, point), 15)
+        rows.append((m, window / (m * n_cat), gather / (m * n_cat), fused))
+    return rows
+
+
 def main():
     batches = (50, 1000, 10_000)
     lines = [
@@ -66,6 +98,21 @@ def main():
                 f"| {n_arms} | {variance} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
             )
             print(lines[-1], flush=True)
+    lines += [
+        "",
+        "Per-term cost of a race batch, y ~ Normal(mu[q], 1), N = 1e6, D = 10 candidates "
+        "(ns per term; ratio to one fused pass over all N):",
+        "",
+        "| batch | contiguous window | gathered rows | fused pass | window / fused | "
+        "gather / fused |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, window, gather, fused in per_term_costs():
+        lines.append(
+            f"| {m} | {window * 1e9:.3f} | {gather * 1e9:.3f} | {fused * 1e9:.3f} | "
+            f"{window / fused:.1f}× | {gather / fused:.1f}× |"
+        )
+        print(lines[-1], flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
