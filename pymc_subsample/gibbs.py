@@ -202,10 +202,13 @@ class SubsampledCategoricalGibbs(RacingStep):
             current = [np.asarray(point[v.name]) for v in self.vars]
             flat = current[j].ravel().copy()
             for k in range(flat.size):
-                cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
-                cand_j = np.repeat(flat[None], n_cat, axis=0)
-                cand_j[:, k] = values
-                cands[j] = cand_j.reshape((n_cat, *current[j].shape))
+                if len(self.vars) == 1 and flat.size == 1:  # a lone scalar: the values
+                    cands = [values]
+                else:
+                    cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
+                    cand_j = np.repeat(flat[None], n_cat, axis=0)
+                    cand_j[:, k] = values
+                    cands[j] = cand_j.reshape((n_cat, *current[j].shape))
                 log_f0 = terms.log_f0(cands, point)
 
                 def rewards(arms, idx, cands=cands):

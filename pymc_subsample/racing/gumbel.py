@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .common import RaceResult, RewardFn, TotalsFn, validate_race_args
-from .race import RaceConfig, race
+from .race import RaceConfig, race, race_shared
 
 __all__ = ["sample_categorical"]
 
@@ -96,7 +96,8 @@ def sample_categorical(
         validate_race_args(delta, bound, batch_size, variance, len(log_f0))
     if np.isnan(log_f0).any() or np.isposinf(log_f0).any():
         raise ValueError("log_f0 must be finite or -inf (got NaN or +inf)")
-    rng = np.random.default_rng(rng)
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng(rng)
     if noise is None:
         noise = rng.gumbel(size=len(log_f0))
     feasible = np.flatnonzero(np.isfinite(log_f0))
@@ -114,7 +115,12 @@ def sample_categorical(
 
         sub_totals = None if totals is None else (lambda arms: totals(feasible[arms]))
 
-    if config is not None:
+    if config is not None and np.ndim(n_obs) == 0:  # the samplers' path: straight to the driver
+        result = race_shared(
+            sub_rewards, len(feasible), int(n_obs), config, rng=rng, offsets=offsets,
+            totals=sub_totals,
+        )  # fmt: skip
+    elif config is not None:
         result = race(sub_rewards, len(feasible), sub_sizes, rng=rng, offsets=offsets,
                       totals=sub_totals, config=config)  # fmt: skip
     else:
