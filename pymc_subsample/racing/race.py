@@ -333,12 +333,15 @@ class SharedRace:
     def hopeless(self, state: RaceState) -> bool:
         r"""Predict that the race will not decide before its exact pass.
 
-        True when some surviving arm's gap to the leader is below half the
-        half-width the bound will still have at the last subsampled look,
-        :math:`\hat\mu_{\hat x} - \hat\mu_i < \tfrac12 G(T_\text{last})`,
-        with today's standard deviations: the race is then unlikely to drop it
-        in time and each further look is wasted. Going exact early never adds
-        an error.
+        An arm is stuck when its gap to the leader is below the half-width
+        the bound will still have at the last subsampled look,
+        :math:`\hat\mu_{\hat x} - \hat\mu_i < G(T_\text{last})`,
+        with today's standard deviations: the race is unlikely to drop it in
+        time. The race is hopeless when the stuck arms and the leader make at
+        least half of the survivors: further looks would then not shrink the
+        exact pass much. (With many arms, a few stuck neighbours of the leader
+        do not stop the race from dropping the others first.) Going exact early
+        never adds an error.
         """
         t_last = int(self.looks[-2])
         if state.n_drawn >= t_last:
@@ -355,7 +358,8 @@ class SharedRace:
         factor, floor = self._widths[t_last]
         gap = score[lead] - score
         gap[lead] = np.inf
-        return bool((gap < 0.5 * factor * np.maximum(sd, floor)).any())
+        stuck = int((gap < factor * np.maximum(sd, floor)).sum())
+        return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
     def _width(self, size: int) -> tuple[float, float]:
         if not self.normal:
