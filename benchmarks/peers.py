@@ -81,6 +81,10 @@ class PeerResult:
         Kept draws per chain, and chains.
     reference_seconds : float
         Time of the reference-point search (HMCECS only; part of ``seconds``).
+    extra : dict of str to float
+        Peer-specific figures: numpyro's mean ``accept_prob`` over kept draws
+        (for HMCECS that of the subsample update, not of the NUTS trajectory),
+        and HMCECS's Taylor reference point as ``ref_a``, ``ref_b[0]``, ...
     """
 
     name: str
