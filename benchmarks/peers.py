@@ -327,15 +327,19 @@ def _map_reference(model, x, y, seed: int) -> tuple[dict, float, float]:
     from numpyro.infer import init_to_median
     from numpyro.infer.util import initialize_model
 
-    info = initialize_model(
-        jax.random.key(seed), model, model_args=(x, y), init_strategy=init_to_median
+    info = initialize_model(  # dynamic_args: the data are arguments of the jitted solve
+        jax.random.key(seed),
+        model,
+        model_args=(x, y),
+        init_strategy=init_to_median,
+        dynamic_args=True,
     )
-    z0 = {k: v for k, v in info.param_info.z.items()}
+    z0 = dict(info.param_info.z)
     flat0, unravel = ravel_pytree(z0)
 
     def solve(flat, x, y):
         def objective(f):
-            return info.potential_fn(unravel(f))
+            return info.potential_fn(x, y)(unravel(f))
 
         return minimize(objective, flat, method="BFGS", options={"maxiter": 200}).x
 
@@ -344,7 +348,7 @@ def _map_reference(model, x, y, seed: int) -> tuple[dict, float, float]:
     t1 = time.perf_counter()
     flat = compiled(flat0, x, y).block_until_ready()
     t2 = time.perf_counter()
-    constrained = info.postprocess_fn(unravel(flat))
+    constrained = info.postprocess_fn(x, y)(unravel(flat))
     ref = {k: constrained[k] for k in z0}
     return ref, t1 - t0, t2 - t1
 
