@@ -34,7 +34,7 @@ time; its compilation goes to ``compile_seconds``, its run to
 warm-up call, and ``seconds`` the wall time of the timed ``nutpie.sample``.
 
 Run ``python benchmarks/peers.py --n 100000`` for a table of the available peers
-on the logistic model.
+on the logistic model (``--model studentt`` for the robust regression).
 """
 
 from __future__ import annotations
@@ -717,23 +717,31 @@ def format_table(results: list[PeerResult]) -> str:
 
 
 def main() -> None:
-    """Run every available peer on the logistic model and print a table."""
+    """Run every available peer on one model (``--model``, logistic by default); print a table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000, help="observations N")
+    parser.add_argument(
+        "--model", choices=("logistic", "studentt"), default="logistic", help="model to sample"
+    )
     parser.add_argument("--draws", type=int, default=500, help="kept draws per chain")
     parser.add_argument("--tune", type=int, default=500, help="tuning draws per chain")
     parser.add_argument("--chains", type=int, default=2, help="chains, run one after another")
     parser.add_argument("--subsample", type=int, default=1000, help="HMCECS subsample size")
     parser.add_argument("--seed", type=int, default=0, help="sampler seed (data seed is 0)")
     args = parser.parse_args()
-    x, y = logistic_data(args.n)
     common = dict(draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed)
+    if args.model == "logistic":
+        x, y = logistic_data(args.n)
+        nuts, hmcecs, pymc_model = logistic_numpyro_nuts, logistic_numpyro_hmcecs, logistic_pymc
+        title = "Logistic regression, d = 5"
+    else:
+        x, y = studentt_data(args.n)
+        nuts, hmcecs, pymc_model = studentt_numpyro_nuts, studentt_numpyro_hmcecs, studentt_pymc
+        title = "Student-t (nu = 4) regression, d = 5 and sigma"
     runs = {
-        "numpyro_nuts": lambda: logistic_numpyro_nuts(x, y, **common),
-        "numpyro_hmcecs": lambda: logistic_numpyro_hmcecs(
-            x, y, subsample_size=args.subsample, **common
-        ),
-        "nutpie": lambda: nutpie_sample(logistic_pymc(x, y), **common),
+        "numpyro_nuts": lambda: nuts(x, y, **common),
+        "numpyro_hmcecs": lambda: hmcecs(x, y, subsample_size=args.subsample, **common),
+        "nutpie": lambda: nutpie_sample(pymc_model(x, y), **common),
     }
     results = []
     for peer, reason in available().items():
@@ -747,17 +755,18 @@ def main() -> None:
         if ref:
             print(f"  Taylor reference (MAP, {r.reference_seconds:.2f} s): {ref}", flush=True)
     print()
-    print(f"Logistic regression, d = 5, N = {args.n}, {args.chains} chains one after another, "
+    print(f"{title}, N = {args.n}, {args.chains} chains one after another, "
           f"{args.tune} tuning + {args.draws} kept draws each")  # fmt: skip
     print()
     print(format_table(results))
     if len(results) > 1:
         print()
-        print("max |mean difference| / combined MCSE, against the first peer:")
+        print("max |mean difference| / combined MCSE over all parameters, against the first peer:")
         base = results[0]
         for r in results[1:]:
             z = max(
-                abs(r.means[k] - base.means[k]) / np.hypot(r.mcses[k], base.mcses[k]) for k in COEFS
+                abs(r.means[k] - base.means[k]) / np.hypot(r.mcses[k], base.mcses[k])
+                for k in base.means
             )
             print(f"  {r.name}: {z:.2f}")
 
