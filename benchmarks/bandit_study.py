@@ -1,4 +1,4 @@
-"""Reproduce the synthetic bandit study of seed 001 (Sec. 5.1, Fig. 1; App. C.1).
+"""Reproduce the synthetic bandit study of Chen & Ghahramani (2016, Sec. 5.1, Fig. 1).
 
 For D arms and N rewards per arm drawn from Normal, Uniform or LogNormal(0, 2)
 (standardized, scaled by sigma, totals fixed to log p), draw X by Gumbel-max

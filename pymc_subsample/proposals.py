@@ -2,7 +2,7 @@ r"""Proposals for RacingMetropolis, separate from the accept test.
 
 Each proposal maps the current flat position :math:`x` to a proposed
 :math:`x'` and returns :math:`\log q(x' \mid x)` and :math:`\log q(x \mid x')`
-up to a common constant (seed 000, Sec. 4; ``ALGORITHMS.md`` §3).
+up to a common constant (Chen & Ghahramani 2016, Sec. 4).
 """
 
 from __future__ import annotations

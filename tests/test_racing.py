@@ -81,7 +81,7 @@ def test_lilucb_error_rate_below_delta(dist):
 
 
 def test_normal_race_error_close_to_delta_on_hard_problem():
-    # Racing-Normal's bound is sharp (seed 001, Fig. 1b): on a hard population the
+    # Racing-Normal's bound is sharp (Chen & Ghahramani 2016, Fig. 1b): on a hard population the
     # error is of the order of delta, not orders of magnitude below it. Checking
     # both directions shows the error-rate test has power.
     trials = 400
@@ -209,7 +209,7 @@ def test_rare_event_rewards_need_the_range():
         wrong_default += default.winner != 0
         wrong_floored += floored.winner != 0
         evals.append(floored.n_evaluations)
-    # the known failure of the plain normal approximation (ALGORITHMS.md §7) ...
+    # the known failure of the plain normal approximation ...
     assert wrong_default > 10 * delta * trials
     # ... which the floor from a true reward range removes, still saving rewards
     assert not too_many_errors(wrong_floored, trials, delta)

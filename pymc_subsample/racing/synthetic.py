@@ -1,4 +1,4 @@
-r"""Synthetic reward populations of seed 001's bandit study (Sec. 5.1).
+r"""Synthetic reward populations of the bandit study of Chen & Ghahramani (2016, Sec. 5.1).
 
 Rewards of each arm are drawn from one of Normal(0, 1), Uniform[0, 1] or
 LogNormal(0, 2), standardized per arm, scaled by :math:`\sigma` and shifted so
@@ -82,7 +82,7 @@ def rare_event_population(
     arm 1 is the constant :math:`0.5\,\text{jump}\,n_\text{events}/N`, so arm 0
     has the higher mean (by half of its rare contribution) although almost
     every small batch shows arm 1 ahead with zero variance of the difference
-    (``ALGORITHMS.md`` §7).
+    (a failure of the normal approximation that the rare-event floor guards against).
 
     Parameters
     ----------
