@@ -368,7 +368,7 @@ class RacingMetropolis(RacingStep):
         :math:`N`) until the Newton decrement is below :math:`d`; then one
         Newton step on all the data with the gradient from the :math:`2d+1`
         axis points and the window's Hessian lands in the quadratic region,
-        where the full stencil gives the surrogate: about :math:`2d^2 + 2d + 2`
+        where the full stencil gives the surrogate: about :math:`d^2 + 3d + 2`
         evaluations per observation in all. Falls back to full Newton
         iterations when the window misleads. Returns the mode and the terms
         evaluated.

@@ -9,8 +9,8 @@ and a reference point :math:`\hat\theta`, the control variate is
 (Bardenet, Doucet & Holmes 2017, Sec. 7; Cornish et al. 2019), with
 :math:`g_n` and :math:`H_n` the central finite differences of :math:`l_n` on the
 stencil :math:`S = \{\hat\theta,\ \hat\theta \pm \epsilon_i e_i,\
-\hat\theta \pm \epsilon_i e_i \pm \epsilon_j e_j\ (i<j)\}` of
-:math:`K = 1 + 2d^2` points:
+\hat\theta \pm (\epsilon_i e_i + \epsilon_j e_j)\ (i<j)\}` of
+:math:`K = 1 + d + d^2` points:
 
 .. math::
     g_{n,i} = \frac{l_n(\hat\theta+\epsilon_i e_i) - l_n(\hat\theta-\epsilon_i e_i)}{2\epsilon_i},
@@ -18,8 +18,11 @@ stencil :math:`S = \{\hat\theta,\ \hat\theta \pm \epsilon_i e_i,\
     H_{n,ii} = \frac{l_n(\hat\theta+\epsilon_i e_i) - 2 l_n(\hat\theta)
                + l_n(\hat\theta-\epsilon_i e_i)}{\epsilon_i^2},
 
-    H_{n,ij} = \frac{l_n(\cdot_{++}) - l_n(\cdot_{+-}) - l_n(\cdot_{-+}) + l_n(\cdot_{--})}
-               {4 \epsilon_i \epsilon_j}.
+    H_{n,ij} = \frac{l_n(\cdot_{++}) - l_n(\cdot_{+i}) - l_n(\cdot_{+j}) + 2 l_n(\hat\theta)
+               - l_n(\cdot_{-i}) - l_n(\cdot_{-j}) + l_n(\cdot_{--})}{2 \epsilon_i \epsilon_j}
+
+(second-order accurate; :math:`\cdot_{++} = \hat\theta + \epsilon_i e_i +
+\epsilon_j e_j`, :math:`\cdot_{+i} = \hat\theta + \epsilon_i e_i`).
 
 So :math:`h_n(\theta) = \sum_k w_k(\theta)\, l_n(s_k)` is linear in the
 stencil values with weights :math:`w(\theta)` that do not depend on
@@ -54,7 +57,8 @@ def stencil_points(theta_ref: np.ndarray, eps: np.ndarray, full: bool = True) ->
 
     Order: :math:`\hat\theta`; :math:`\hat\theta + \epsilon_i e_i` then
     :math:`\hat\theta - \epsilon_i e_i` for each :math:`i`; with ``full``, for
-    each pair :math:`i < j` the four points :math:`(+,+), (+,-), (-,+), (-,-)`.
+    each pair :math:`i < j` the two points :math:`\hat\theta \pm (\epsilon_i
+    e_i + \epsilon_j e_j)`.
 
     Parameters
     ----------
@@ -78,8 +82,8 @@ def stencil_points(theta_ref: np.ndarray, eps: np.ndarray, full: bool = True) ->
         rows.append((theta_ref - e[i])[None, :])
     if full:
         for i, j in _pairs(d):
-            for si, sj in ((1, 1), (1, -1), (-1, 1), (-1, -1)):
-                rows.append((theta_ref + si * e[i] + sj * e[j])[None, :])
+            rows.append((theta_ref + e[i] + e[j])[None, :])
+            rows.append((theta_ref - e[i] - e[j])[None, :])
     return np.concatenate(rows)
 
 
@@ -106,7 +110,7 @@ class QuadraticSurrogate:
 
     def __post_init__(self):
         d = len(self.theta_ref)
-        expected = 1 + 2 * d + (2 * d * (d - 1) if self.full else 0)
+        expected = 1 + 2 * d + (d * (d - 1) if self.full else 0)
         if self.sums.shape != (expected,):
             raise ValueError(f"need {expected} stencil sums for d = {d}, got {self.sums.shape}")
         value, grad, hess = self.expansion(self.sums[None, :])
@@ -153,8 +157,9 @@ class QuadraticSurrogate:
         if self.full:
             base = 1 + 2 * d
             for p, (i, j) in enumerate(_pairs(d)):
-                pp, pm, mp, mm = (values[:, base + 4 * p + k] for k in range(4))
-                hij = (pp - pm - mp + mm) / (4.0 * eps[i] * eps[j])
+                pp, mm = values[:, base + 2 * p], values[:, base + 2 * p + 1]
+                hij = pp + mm + 2.0 * center - plus[:, i] - minus[:, i] - plus[:, j] - minus[:, j]
+                hij /= 2.0 * eps[i] * eps[j]
                 hess[:, i, j] = hij
                 hess[:, j, i] = hij
         return center, grad, hess
@@ -182,11 +187,13 @@ class QuadraticSurrogate:
         if self.full:
             base = 1 + 2 * d
             for p, (i, j) in enumerate(_pairs(d)):
-                c = 0.25 * u[:, i] * u[:, j]
-                w[:, base + 4 * p] = c
-                w[:, base + 4 * p + 1] = -c
-                w[:, base + 4 * p + 2] = -c
-                w[:, base + 4 * p + 3] = c
+                c = 0.5 * u[:, i] * u[:, j]  # weight of H_ij in Delta' H Delta / 2
+                w[:, base + 2 * p] = c
+                w[:, base + 2 * p + 1] = c
+                w[:, 0] += 2.0 * c
+                for k in (i, j):
+                    w[:, 1 + 2 * k] -= c
+                    w[:, 2 + 2 * k] -= c
         return w
 
     def total(self, thetas: np.ndarray) -> np.ndarray:
