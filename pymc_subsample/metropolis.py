@@ -285,7 +285,7 @@ class RacingMetropolis(RacingStep):
         return np.concatenate([np.ravel(p).astype(np.float64) for p in parts])
 
     def _split(self, flat: np.ndarray) -> list[np.ndarray]:
-        return [c[0] for c in self._candidates(flat[None, :])]
+        return [c[0, ...] for c in self._candidates(flat[None, :])]  # 0-d arrays, not scalars
 
     def _candidates(self, rows: np.ndarray) -> list[np.ndarray]:
         """Per-variable candidate arrays ``(K, *shape)`` from flat rows ``(K, d)``."""
