@@ -35,6 +35,7 @@ within :math:`\delta` of the exact conditional in total variation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -309,7 +310,7 @@ class PairwiseFactorGibbs:
             raise ValueError(
                 f"log_factor(i, js) must return one value per j, shape {js.shape}, got {w.shape}"
             )
-        if np.isnan(w).any() or np.isposinf(w).any():
+        if not math.isfinite(w.sum()) and (np.isnan(w).any() or np.isposinf(w).any()):
             raise ValueError("log_factor returned NaN or +inf; factors must be finite or -inf")
         return w
 
@@ -366,35 +367,55 @@ class PairwiseFactorGibbs:
             self.counters.factor_evaluations += k
             keys = np.append(scores, self.log_new) * inv_t + eps
             return int(np.argmax(keys))
-        members = [self._members[c][: self._size[c]] for c in cands]
+        # Clusters of at most `first` members are exact at the first look of their arm:
+        # score them in one call and let the best of them (and of the new cluster) race
+        # as a single arm whose total is known (reward 0, offset = its Gumbel key).
+        small = np.flatnonzero(sizes[:-1] <= self.first)
+        big = np.flatnonzero(sizes[:-1] > self.first)
+        if len(big) == 0:
+            scores, k = self._exact_scores(i, cands)
+            self.counters.factor_evaluations += k
+            keys = np.append(scores, self.log_new) * inv_t + eps
+            return int(np.argmax(keys))
+        small_scores, k = self._exact_scores(i, [cands[c] for c in small.tolist()])
+        self.counters.factor_evaluations += k
+        small_keys = np.append(small_scores, self.log_new) * inv_t + eps[np.append(small, n_c)]
+        best_small = int(np.argmax(small_keys))
+        members = [self._members[cands[c]][: self._size[cands[c]]] for c in big.tolist()]
+        n_big = len(big)
         counted = [0]
 
         def rewards(arm: int, idx: np.ndarray) -> np.ndarray:
-            if arm == n_c:
-                return np.full(len(idx), self.log_new * inv_t)
+            if arm == n_big:
+                return np.zeros(len(idx))
             counted[0] += len(idx)
             return self._call(i, members[arm][idx]) * inv_t
 
-        schedules = [self._schedule(int(s)) for s in sizes]
+        arm_sizes = np.append(sizes[big], 1)
+        offsets = np.append(eps[big] / sizes[big], small_keys[best_small])
         res = race_independent(
             rewards,
-            sizes,
+            arm_sizes,
             delta=self.delta,
             bound=self.bound,
-            schedules=schedules,
+            schedules=[self._schedule(int(s)) for s in arm_sizes],
             rng=self.rng,
             reward_range=None if self.reward_range is None else self.reward_range * inv_t,
-            offsets=eps / sizes,
+            offsets=offsets,
         )
         self.counters.factor_evaluations += counted[0]
         self.counters.races += 1
+        if res.winner == n_big:
+            winner = n_c if best_small == len(small) else int(small[best_small])
+        else:
+            winner = int(big[res.winner])
         if self.audit and self.rng.random() < self.audit:
             scores, k = self._exact_scores(i, cands)
             keys = np.append(scores, self.log_new) * inv_t + eps
             self.counters.audits += 1
             self.counters.audit_evaluations += k
-            self.counters.audit_errors += int(np.argmax(keys)) != res.winner
-        return res.winner
+            self.counters.audit_errors += int(np.argmax(keys)) != winner
+        return winner
 
     def _schedule(self, n: int) -> np.ndarray:
         """:func:`cluster_schedule` of ``n``, cached per sampler."""

@@ -98,11 +98,13 @@ def _checked_arm(rewards: ArmRewardFn, arm: int, idx: np.ndarray) -> tuple[np.nd
             f"rewards(arm, idx) must return a 1-D array of len(idx) = {len(idx)}, "
             f"got shape {out.shape} for arm {arm}"
         )
+    if math.isfinite(out.sum()):  # fast path: every entry finite
+        return out, True
     out2, finite = checked_rewards(lambda _a, _i: out[None, :], np.array([arm]), idx)
     return out2[0], finite
 
 
-def _looks(sizes: np.ndarray, schedules, batch_size: int) -> list[np.ndarray]:
+def _looks(sizes: np.ndarray, schedules, batch_size: int) -> list[list[int]]:
     """Per-arm cumulative look sizes: looks below 2 dropped, ``N_i`` appended."""
     if schedules is None:
         raw = [doubling_schedule(int(n), batch_size) for n in sizes]
@@ -111,15 +113,22 @@ def _looks(sizes: np.ndarray, schedules, batch_size: int) -> list[np.ndarray]:
         if len(raw) != len(sizes):
             raise ValueError(f"schedules has {len(raw)} entries for {len(sizes)} arms")
     out = []
-    for i, (lk, n) in enumerate(zip(raw, sizes, strict=True)):
-        lk = np.asarray(lk, dtype=np.int64).ravel()
-        if len(lk) and ((np.diff(lk) <= 0).any() or lk[0] < 1 or lk[-1] > n):
+    for i, (lk, n) in enumerate(zip(raw, sizes.tolist(), strict=True)):
+        lk = lk.tolist() if isinstance(lk, np.ndarray) else [int(t) for t in lk]
+        if lk and (
+            lk[0] < 1 or lk[-1] > n or any(a >= b for a, b in zip(lk, lk[1:], strict=False))
+        ):
             raise ValueError(
                 f"schedules[{i}] must be increasing cumulative sizes in [1, N_i = {n}], got {lk}"
             )
-        lk = lk[(lk >= 2) & (lk < n)]  # a look needs two draws for a variance
-        out.append(np.append(lk, n))
+        lk = [t for t in lk if 2 <= t < n]  # a look needs two draws for a variance
+        lk.append(n)
+        out.append(lk)
     return out
+
+
+#: Arms up to this size draw their order as one permutation; larger ones use IndexStream.
+_PERMUTE_LIMIT = 1 << 16
 
 
 def race_independent(
@@ -279,12 +288,13 @@ def race_independent(
         thresholds = stats.norm.isf(delta_arm / n_looks)
     else:
         delta_look = delta_arm / n_looks
-    streams: list[IndexStream | None] = [None] * n_arms
-    sums = np.zeros(n_arms)  # running sums of the rewards drawn
-    sumsq = np.zeros(n_arms)  # running sums of squared deviations (Chan et al. merge)
-    drawn = np.zeros(n_arms, dtype=np.int64)
-    lo = np.full(n_arms, np.inf)
-    hi = np.full(n_arms, -np.inf)
+    orders: list = [None] * n_arms  # a permutation, or an IndexStream for big arms
+    size_list = sizes.tolist()
+    sums = [0.0] * n_arms  # running sums of the rewards drawn
+    sumsq = [0.0] * n_arms  # running sums of squared deviations (Chan et al. merge)
+    drawn = [0] * n_arms
+    lo = [math.inf] * n_arms
+    hi = [-math.inf] * n_arms
     means = np.full(n_arms, np.nan)
     alive = np.ones(n_arms, dtype=bool)
     dead_inf = np.zeros(n_arms, dtype=bool)
@@ -292,19 +302,29 @@ def race_independent(
     n_rounds = 0
     while True:
         n_rounds += 1
-        for i in np.flatnonzero(alive):
+        for i in np.flatnonzero(alive).tolist():
             lk = looks[i]
-            target = int(lk[min(n_rounds - 1, len(lk) - 1)])
-            k = target - int(drawn[i])
+            target = lk[min(n_rounds - 1, len(lk) - 1)]
+            prev = drawn[i]
+            k = target - prev
             if k <= 0:
                 continue
-            if target == sizes[i] and drawn[i] == 0:
+            order = orders[i]
+            if order is None and target == size_list[i]:
                 idx = np.arange(target, dtype=np.int64)
+            elif isinstance(order, IndexStream):
+                idx = order.take(k)
             else:
-                if streams[i] is None:
-                    streams[i] = IndexStream(int(sizes[i]), rng)
-                idx = streams[i].take(k)
-            batch, finite = _checked_arm(rewards, int(i), idx)
+                if order is None:
+                    n_i = size_list[i]
+                    if n_i <= _PERMUTE_LIMIT:
+                        order = orders[i] = rng.permutation(n_i)
+                    else:
+                        order = orders[i] = IndexStream(n_i, rng)
+                        idx = order.take(k)
+                if not isinstance(order, IndexStream):
+                    idx = order[prev:target]
+            batch, finite = _checked_arm(rewards, i, idx)
             n_evals += k
             if not finite:
                 alive[i] = False
@@ -312,54 +332,65 @@ def race_independent(
                 means[i] = -np.inf
                 continue
             bsum = float(batch.sum())
-            if drawn[i]:
-                bmean = bsum / k
-                d = bmean - sums[i] / drawn[i]
-                sumsq[i] += float(((batch - bmean) ** 2).sum()) + d * d * drawn[i] * k / target
-            else:
-                sumsq[i] = float(((batch - bsum / k) ** 2).sum())
+            bmean = bsum / k
+            dev = batch - bmean
+            m2 = float(dev @ dev)
+            if prev:
+                d = bmean - sums[i] / prev
+                m2 += d * d * prev * k / target
+            sumsq[i] += m2
             sums[i] += bsum
             drawn[i] = target
-            lo[i] = min(lo[i], float(batch.min()))
-            hi[i] = max(hi[i], float(batch.max()))
+            bmin, bmax = float(batch.min()), float(batch.max())
+            if bmin < lo[i]:
+                lo[i] = bmin
+            if bmax > hi[i]:
+                hi[i] = bmax
         if not alive.any():
             # every survivor hit -inf: the best arm was dropped earlier; decide the rest exactly
             others = np.flatnonzero(~dead_inf)
             if len(others) == 0:
                 argmax_or_raise(np.full(1, -np.inf))
             totals = np.full(len(others), -np.inf)
-            for k, i in enumerate(others):
-                rest = int(sizes[i] - drawn[i])
+            for k, i in enumerate(others.tolist()):
+                rest = size_list[i] - drawn[i]
                 if rest:
-                    if streams[i] is None:
+                    order = orders[i]
+                    if order is None:
                         idx = np.arange(rest, dtype=np.int64)
+                    elif isinstance(order, IndexStream):
+                        idx = order.take(rest)
                     else:
-                        idx = streams[i].take(rest)
-                    batch, finite = _checked_arm(rewards, int(i), idx)
+                        idx = order[drawn[i] :]
+                    batch, finite = _checked_arm(rewards, i, idx)
                     n_evals += rest
-                    drawn[i] = sizes[i]
+                    drawn[i] = size_list[i]
                     if not finite:
                         means[i] = -np.inf
                         continue
                     sums[i] += float(batch.sum())
-                means[i] = sums[i] / sizes[i] + offsets[i]
-                totals[k] = sizes[i] * means[i]
+                means[i] = sums[i] / size_list[i] + offsets[i]
+                totals[k] = size_list[i] * means[i]
             winner = int(others[argmax_or_raise(totals)])
-            return RaceResult(winner, n_evals, n_rounds + 1, True, int(drawn.max()), means)
+            return RaceResult(winner, n_evals, n_rounds + 1, True, max(drawn), means)
         live = np.flatnonzero(alive)
-        n = drawn[live]
+        live_l = live.tolist()
+        n = np.array([drawn[i] for i in live_l], dtype=np.int64)
         big_n = sizes[live]
-        mean = sums[live] / n + offsets[live]
+        mean = np.array([sums[i] for i in live_l]) / n + offsets[live]
         total = big_n * mean
         exact = n >= big_n
         if len(live) == 1 or exact.all():
             means[live] = mean
             winner = int(live[int(np.argmax(total))])
             return RaceResult(
-                winner, n_evals, n_rounds, bool((drawn >= sizes).any()), int(drawn.max()), means
+                winner, n_evals, n_rounds, _any_full(drawn, size_list), max(drawn), means
             )
-        sigma = np.sqrt(np.maximum(sumsq[live] / n, 0.0))
-        c = (hi[live] - lo[live]) if reward_range is None else c_user[live]
+        sigma = np.sqrt(np.maximum(np.array([sumsq[i] for i in live_l]) / n, 0.0))
+        if reward_range is None:
+            c = np.array([hi[i] - lo[i] for i in live_l])
+        else:
+            c = c_user[live]
         safe_n = np.maximum(n, 1)
         if bound == "normal":
             if quantile == "t":
@@ -392,10 +423,15 @@ def race_independent(
                     int(live[~drop][0]),
                     n_evals,
                     n_rounds,
-                    bool((drawn >= sizes).any()),
-                    int(drawn.max()),
+                    _any_full(drawn, size_list),
+                    max(drawn),
                     means,
                 )
+
+
+def _any_full(drawn: list[int], sizes: list[int]) -> bool:
+    """Tell whether some arm was drawn to its whole population."""
+    return any(d >= n for d, n in zip(drawn, sizes, strict=True))
 
 
 def _exact(rewards, sizes, offsets):
