@@ -52,6 +52,7 @@ from pymc_subsample.racing.factor_gibbs import PairwiseFactorGibbs, geometric_te
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
 METHODS = ("exact", "racing")
@@ -258,6 +259,8 @@ def plot(name, runs, target, path):
     axes[0].legend()
     axes[1].set_xlabel("sweep")
     axes[1].set_ylabel("B³ F1")
+    for ax in axes[1:]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend()
     ratio = np.array(
         [
@@ -285,17 +288,22 @@ def main():
     parser.add_argument("--audit", type=float, default=0.05)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--skip-febrl", action="store_true")
+    parser.add_argument(
+        "--replot", action="store_true", help="redraw figures and table from coref_runs*.json"
+    )
     args = parser.parse_args()
     n_runs = args.runs or (2 if args.quick else 7)
     n_sweeps = args.sweeps or (3 if args.quick else 6)
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
+    if args.replot:
+        return write_outputs(json.loads((args.out / f"coref_runs{suffix}.json").read_text()), args)
     problems = [synthetic_problem(args.quick)]
     if not args.skip_febrl:
         febrl = febrl_problem(args.quick)
         if febrl is not None:
             problems.append(febrl)
-    all_rows, raw = [], {}
+    raw = {}
     for prob in problems:
         print(f"{prob.name}: {prob.note}", flush=True)
         runs = {m: [] for m in METHODS}
@@ -314,19 +322,37 @@ def main():
             r = run_chain(prob, m, 999, temps, args.delta, 0.0)
             annealed[m] = r["f1"][-1]
             print(f"  {m:6s} annealed: F1 {annealed[m]:.4f}", flush=True)
-        rows, target = summarize(prob.name, runs, annealed)
-        all_rows += rows
         raw[prob.name] = {"note": prob.note, "runs": runs, "annealed": annealed}
-        plot(prob.name, runs, target, args.out / f"coref_{prob.name.lower()}{suffix}.png")
+        raw["settings"] = {"runs": n_runs, "sweeps": n_sweeps, "delta": args.delta}
+        raw["settings"]["audit"] = args.audit
+    (args.out / f"coref_runs{suffix}.json").write_text(json.dumps(raw, indent=1, default=float))
+    write_outputs(raw, args)
+
+
+def write_outputs(raw, args):
+    """Figures and the markdown table from the recorded runs."""
+    suffix = "_quick" if args.quick else ""
+    settings = raw.pop("settings", None) or {
+        "runs": args.runs or (2 if args.quick else 7),
+        "sweeps": args.sweeps or (3 if args.quick else 6),
+        "delta": args.delta,
+        "audit": args.audit,
+    }
+    all_rows, notes = [], ""
+    for name, rec in raw.items():
+        rows, target = summarize(name, rec["runs"], rec["annealed"])
+        all_rows += rows
+        notes += f"\n- {name}: {rec['note']}."
+        plot(name, rec["runs"], target, args.out / f"coref_{name.lower()}{suffix}.png")
     table = markdown(all_rows)
-    notes = "".join(f"\n- {p.name}: {p.note}." for p in problems)
+    n_runs, n_sweeps = settings["runs"], settings["sweeps"]
     (args.out / f"coref_table{suffix}.md").write_text(
         table
-        + f"\n{n_runs} runs of {n_sweeps} sweeps per sampler, from singletons, temperature 1; "
+        + f"\n{n_runs} runs of {n_sweeps} sweeps per sampler, from singletons, temperature 1, "
+        f"delta = {settings['delta']}, {settings['audit']:.0%} of racing draws audited; "
         "target = mean − sd of the exact runs' final F1; annealed: one run, "
         f"{n_sweeps + 2} sweeps, temperature 1 → 0.05.{notes}\n"
     )
-    (args.out / f"coref_runs{suffix}.json").write_text(json.dumps(raw, indent=1, default=float))
     print(table)
 
 
