@@ -228,6 +228,7 @@ def summarize(name, runs, annealed):
                 "seconds to target": f"{np.nanmean(hits[:, 1]):.1f}",
                 "factors, last sweep / exact": f"{last / last_exact:.3f}",
                 "s/sweep (first, last)": f"{per_sweep[0]:.1f}, {per_sweep[-1]:.1f}",
+                "s total": f"{np.mean([r['seconds'][-1] for r in rs]):.1f}",
                 "audited error": ""
                 if m == "exact"
                 else f"{errors}/{audits} = {errors / max(audits, 1):.4f}",
