@@ -73,7 +73,7 @@ class Problem:
 def synthetic_problem(quick: bool, seed: int = 0) -> Problem:
     """Power-law mentions; theta from a separate training set of mentions."""
     train = power_law_mentions(6, 15, max_size=300, rng=seed + 1)
-    pairs = sample_block_pairs(train.block, 20_000, rng=seed + 2)
+    pairs = sample_block_pairs(train.block, 5_000 if quick else 20_000, rng=seed + 2)
     feats = np.array([mention_pair_features(train, int(i), [j])[0] for i, j in pairs])
     same = train.entity[pairs[:, 0]] == train.entity[pairs[:, 1]]
     theta = fit_pair_logistic(feats, same)
