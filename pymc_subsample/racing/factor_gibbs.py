@@ -118,7 +118,10 @@ class PairwiseFactorGibbs:
     log_factor : callable
         ``log_factor(i, js)`` returns :math:`w(x_i, x_j)` for each ``j`` of the
         int64 array ``js`` (items of the same block, never ``i``), as a 1-D
-        float array; −inf forbids the pair. It should be symmetric.
+        float array; −inf forbids the pair. It should be symmetric. A race
+        sees a −inf only if it draws that member: a cannot-link hidden in a
+        large cluster can be missed, so express hard constraints through
+        ``blocks`` (or use ``method="exact"``).
     n_items : int
         Number of items :math:`n`.
     blocks : array_like of int, optional
