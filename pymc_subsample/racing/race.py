@@ -732,11 +732,23 @@ def race(
             raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")
         if not (sizes == sizes[0]).all():
             _refuse(bound, schedule=schedule, exact_after=exact_after, totals=totals)
+            if variance != "marginal":
+                raise ValueError(
+                    "arms with different population sizes share no observations: "
+                    "pass variance='marginal'"
+                )
+            if bound == "lilucb":
+                raise ValueError(
+                    "bound='lilucb' needs a common population size; use 'normal' or 'ebs'"
+                )
             from .independent import race_independent
 
+            def arm_rewards(arm, idx):
+                return np.asarray(rewards(np.array([arm]), idx))[0]
+
             return race_independent(
-                rewards, sizes, delta=delta, bound=bound, batch_size=int(batch_size),
-                variance=variance, rng=rng, reward_range=reward_range, offsets=offsets,
+                arm_rewards, sizes, delta=delta, bound=bound, batch_size=int(batch_size),
+                rng=rng, reward_range=reward_range, offsets=offsets,
             )  # fmt: skip
     big_n = int(sizes[0])
     if bound == "exact":
