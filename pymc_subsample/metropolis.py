@@ -389,7 +389,9 @@ class RacingMetropolis(RacingStep):
             spent += cost
             grad = diag.grad + self._f0_grad(x, point)
             step = np.linalg.solve(neg_h, grad)
-            if float(grad @ step) < 10 * self.dim:
+            # the window's optimum sits about sqrt(N / window) posterior sds from the mode:
+            # a Newton decrement of that order is the quadratic region, not a misleading window
+            if float(grad @ step) < 10 * self.dim * n_obs / window:
                 x = x + step
                 eps = _stencil_steps(neg_h)
                 sur, cost = self._surrogate_at(x, eps, point)
