@@ -276,3 +276,57 @@ def test_unbounded_density_is_reported():
     with pytest.warns(RuntimeWarning, match="may be unbounded"):
         draws = s.rvs(50_000)
     assert stats.kstest(draws, b.cdf).pvalue > P_MIN
+
+
+# -- the shared rejection loop ----------------------------------------------------------
+
+
+def test_draw_without_repair_samples_min_of_f_and_a_low_envelope():
+    """draw(repair=False) from an envelope a third too low gives exactly min(f, E).
+
+    The CDF of min(f, E) is computed on the envelope's own grid; a loop that
+    repaired, or accepted with f/E unclipped, would fail the KS test.
+    """
+    from pymc_subsample.prs import build_envelope, draw
+
+    rng = np.random.default_rng(20)
+    env = build_envelope(mixture_logpdf, rng, 2000, bounds=[(-8, 8)])
+    env.log_cells = env.log_cells - np.log(3.0)
+    env._refresh()
+    res = draw(env, mixture_logpdf, rng, 20_000, repair=False)
+    assert res.violations > 0 and len(res.x) >= 20_000
+    grid = np.linspace(-8, 8, 400_001)
+    dens = np.exp(np.minimum(mixture_logpdf(grid[:, None]), env.log_value(grid[:, None])))
+    cum = integrate.cumulative_trapezoid(dens, grid, initial=0)
+    assert stats.kstest(res.x[:, 0], lambda t: np.interp(t, grid, cum / cum[-1])).pvalue > P_MIN
+    # and the clipping is visible: min(f, E) differs from f by far more than the KS tolerance
+    assert stats.kstest(res.x[:, 0], mixture_cdf).pvalue < P_MIN
+
+
+def test_draw_with_repair_restores_exactness_and_counts():
+    from pymc_subsample.prs import build_envelope, draw
+
+    rng = np.random.default_rng(21)
+    env = build_envelope(mixture_logpdf, rng, 2000, bounds=[(-8, 8)])
+    assert env.n_evaluations == 2000 and len(env.design) == 2000
+    env.log_cells = env.log_cells - np.log(3.0)
+    env._refresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        first = draw(env, mixture_logpdf, rng, 20_000)
+        res = draw(env, mixture_logpdf, rng, 20_000)
+    assert first.violations > 0  # repaired: the second call sees none
+    assert res.violations == 0 and res.n_tried <= res.n_evaluations
+    assert stats.kstest(res.x[:20_000, 0], mixture_cdf).pvalue > P_MIN
+
+
+def test_build_envelope_and_grid_sizes_reject_bad_input():
+    from pymc_subsample.prs import build_envelope, default_n_cells
+
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="exactly one"):
+        build_envelope(mixture_logpdf, rng, 100)
+    with pytest.raises(ValueError, match="n_init"):
+        build_envelope(mixture_logpdf, rng, 5, bounds=[(0, 1)])
+    with pytest.raises(ValueError, match="NUTS"):
+        default_n_cells(9)

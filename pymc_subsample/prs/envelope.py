@@ -1,15 +1,16 @@
 r"""The pliable envelope: a kernel estimate of the target plus a uniform floor.
 
-Seed 002, Alg. 1 (eqs. 1–2) and App. B. From design points :math:`X_i`
-drawn from known densities :math:`q_i` (uniform on the box in Alg. 1, an
-initial proposal :math:`g` in App. B, earlier envelopes when refitting) with
+Erraqabi, Valko, Carpentier & Maillard (2016), Alg. 1 (eqs. 1–2) and App. B.
+From design points :math:`X_i` drawn from known densities :math:`q_i`
+(uniform on the box in Alg. 1, an initial proposal :math:`g` in App. B,
+earlier envelopes when refitting) with
 target values :math:`f(X_i)`, the importance-weighted Gaussian product-kernel
 estimate
 
 .. math:: \hat f_h(x) = \frac{1}{T}\sum_{i=1}^T \frac{f(X_i)}{q_i(X_i)} K_h(x - X_i)
 
 is unbiased for :math:`f * K_h`; with :math:`q_i = A^{-d}` it is eq. (1) of
-seed 002. The envelope is
+Erraqabi et al. (2016). The envelope is
 
 .. math:: E(x) = \kappa \hat F_h(c(x)) + r \quad (x \in \text{box}), \qquad
           E(x) = M g(x) \quad (x \notin \text{box}),
@@ -36,13 +37,36 @@ from scipy.special import logsumexp
 from .proposal import MixtureProposal, ProductProposal
 
 __all__ = [
+    "MAX_DIM",
     "PliableEnvelope",
     "cell_index",
+    "default_n_cells",
     "fit_envelope",
     "kernel_table",
     "paper_bandwidth",
     "paper_rate",
 ]
+
+#: Largest dimension the tabulated envelope supports.
+MAX_DIM = 3
+
+#: Grid cells per dimension of the tabulated envelope, by dimension (about 1e6 cells at most).
+N_CELLS = {1: 4096, 2: 512, 3: 64}
+
+
+def default_n_cells(dim: int) -> int:
+    """Return the grid cells per dimension used for a ``dim``-dimensional envelope.
+
+    The one place grid sizes are defined (:data:`N_CELLS`): the standalone
+    sampler and the PyMC step both use it.
+    """
+    if dim not in N_CELLS:
+        raise ValueError(
+            f"dimension {dim} is outside 1..{MAX_DIM}: rejection from a tabulated envelope "
+            "needs exponentially many cells; use MCMC (NUTS) instead"
+        )
+    return N_CELLS[dim]
+
 
 #: The fitted envelope must exceed every held-out value by this factor: the target
 #: between evaluated points (at a peak, say) is slightly higher than at them.
@@ -50,7 +74,7 @@ COVER_MARGIN = 1.02
 
 #: :math:`H_C` of the floor :math:`r \ge H_C \bar f \rho_T` of a data-driven envelope, in
 #: units of the mean target value (measured: 1.0 costs 3-8 points of acceptance on
-#: seed 002's targets, 0.3 and 0.1 gave no more violations).
+#: Erraqabi et al.'s (2016) targets, 0.3 and 0.1 gave no more violations).
 FLOOR_SCALE = 0.3
 
 #: A cell or tail raised after a violation at :math:`x` is set to this multiple of :math:`f(x)`.
