@@ -309,7 +309,8 @@ def test_draw_without_repair_samples_min_of_f_and_a_low_envelope():
 
     rng = np.random.default_rng(20)
     env = build_envelope(mixture_logpdf, rng, 2000, bounds=[(-8, 8)])
-    env.log_cells = env.log_cells - np.log(3.0)
+    centres = env.lo[0] + (np.arange(env.n_cells) + 0.5) * env.width[0]
+    env.log_cells = env.log_cells - np.log(3.0) * (centres > 1.0)  # too low right of 1
     env._refresh()
     res = draw(env, mixture_logpdf, rng, 20_000, repair=False)
     assert res.violations > 0 and len(res.x) >= 20_000

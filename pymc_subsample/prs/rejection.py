@@ -127,6 +127,8 @@ def build_envelope(
     delta: float = 0.01,
     envelope_scale: float | None = None,
     n_cells: int | None = None,
+    design: str = "two-stage",
+    estimator: str = "auto",
 ) -> PliableEnvelope:
     r"""Run the initial phase of PRS and return the fitted envelope.
 
@@ -138,6 +140,15 @@ def build_envelope(
     The envelope :math:`E` is then :func:`~pymc_subsample.prs.fit_envelope`'s
     fit to :math:`(X_i, \log f(X_i), \log q_i(X_i))`.
 
+    With ``design="two-stage"`` (default; a coarse-to-fine design, which the
+    paper leaves open) only a quarter of the ``n_init`` points are laid out so;
+    a first envelope fitted to them proposes the other three quarters
+    (:math:`q_i = E_1/\int E_1`, no accept step), which therefore land where
+    the mass is, and the envelope is fitted to all ``n_init``. On the
+    clutter posterior in 2-D, whose modes cover about 1% of the box, this puts
+    thousands of points in the modes instead of tens. ``"uniform"`` is Alg. 1's
+    single stage.
+
     Parameters
     ----------
     logpdf : callable
@@ -148,9 +159,11 @@ def build_envelope(
         Evaluations of :math:`f` in the initial phase, :math:`N` (at least 10).
     bounds, proposal
         Exactly one of them: the box, or the initial proposal :math:`g`.
-    smoothness, delta, envelope_scale, n_cells
+    smoothness, delta, envelope_scale, n_cells, estimator
         As in :func:`~pymc_subsample.prs.fit_envelope` (``n_cells`` defaults to
         :func:`~pymc_subsample.prs.default_n_cells`).
+    design : {"two-stage", "uniform"}
+        How the ``n_init`` points are chosen (see above).
 
     Returns
     -------
@@ -167,35 +180,43 @@ def build_envelope(
         )
     if int(n_init) != n_init or n_init < 10:
         raise ValueError(f"n_init must be an integer >= 10, got {n_init!r}")
+    if design not in ("two-stage", "uniform"):
+        raise ValueError(f"design must be 'two-stage' or 'uniform', got {design!r}")
     n_init = int(n_init)
+    first = max(n_init // 4, 10) if design == "two-stage" else n_init
     if bounds is not None:
         lo, hi = _check_box(bounds)
         dim = len(lo)
-        x = lo + (hi - lo) * rng.random((n_init, dim))
-        log_q = np.full(n_init, -np.sum(np.log(hi - lo)))
+        x = lo + (hi - lo) * rng.random((first, dim))
+        log_q = np.full(first, -np.sum(np.log(hi - lo)))
     else:
         dim = proposal.dim
-        x = proposal.sample(n_init, rng)
+        x = proposal.sample(first, rng)
         log_q = proposal.logpdf(x)
     log_f = evaluate(logpdf, x)
     if not np.isfinite(log_f).any():
         raise ValueError(
-            f"the target is zero (logpdf = -inf) at all {n_init} initial points: check the "
+            f"the target is zero (logpdf = -inf) at all {first} initial points: check the "
             "bounds or proposal cover its support, or raise n_init"
         )
     if bounds is None:
         lo, hi = _mass_box(x, log_f, log_q)
-    design = Design(dim)
-    design.append(x, log_f, log_q)
+    record = Design(dim)
+    record.append(x, log_f, log_q)
     settings = {
         "n_cells": int(n_cells or default_n_cells(dim)),
         "smoothness": float(smoothness),
         "delta": float(delta),
         "envelope_scale": envelope_scale,
         "tail": proposal,
+        "estimator": estimator,
     }
     env = fit_envelope(x, log_f, log_q, lo, hi, **settings)
-    env.design, env.settings, env.n_evaluations = design, settings, n_init
+    if n_init > first:  # second stage: propose from the first envelope, evaluate, refit
+        x2 = env.sample(n_init - first, rng)
+        record.append(x2, evaluate(logpdf, x2), env.log_value(x2) - env.log_mass)
+        env = fit_envelope(*record.arrays(), lo, hi, **settings)
+    env.design, env.settings, env.n_evaluations = record, settings, n_init
     return env
 
 
