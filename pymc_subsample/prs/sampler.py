@@ -39,12 +39,13 @@ def default_n_init(budget: int, dim: int, smoothness: float = 2.0, refine: bool 
 class PliableRejectionSampler:
     r"""Pliable rejection sampler of an unnormalized density in 1–3 dimensions.
 
-    Alg. 1 of Erraqabi et al. (2016): evaluate :math:`f` at ``n_init`` uniform points of the
-    box, fit the kernel envelope :math:`E = \kappa \hat F + r` (eq. 1–2, see
-    :func:`~pymc_subsample.prs.fit_envelope` for how :math:`h`, :math:`\kappa`
-    and :math:`r`, i.e. :math:`H_C`, are chosen from these evaluations), then
-    rejection-sample from :math:`E`. With ``proposal`` instead of ``bounds``
-    (App. B, "EPRS"), the initial points come from ``proposal`` :math:`g`,
+    Alg. 1 of Erraqabi et al. (2016): evaluate :math:`f` at ``n_init`` points of the
+    box (two-stage design by default), fit the envelope :math:`E = \kappa \hat F + r`
+    (eq. 1–2, with :math:`\hat F` the kernel estimate or a log-space
+    local-linear one; see :func:`~pymc_subsample.prs.fit_envelope` for how
+    :math:`h`, :math:`\kappa` and :math:`r`, i.e. :math:`H_C`, are chosen from
+    these evaluations), then rejection-sample from :math:`E`. With ``proposal``
+    instead of ``bounds`` (App. B, "EPRS"), the initial points come from ``proposal`` :math:`g`,
     the box is where they found mass, and :math:`E = M g` outside it.
 
     Parameters
@@ -79,6 +80,12 @@ class PliableRejectionSampler:
         Source of randomness.
     n_cells : int, optional
         Grid cells per dimension (default :func:`~pymc_subsample.prs.default_n_cells`).
+    design : {"two-stage", "uniform"}
+        Initial design (:func:`~pymc_subsample.prs.build_envelope`): a quarter of
+        ``n_init`` uniform (or from ``proposal``), the rest proposed by a first
+        envelope (default); or Alg. 1's single stage.
+    estimator : {"auto", "log-linear", "kernel"}
+        The estimate the envelope scales (:func:`~pymc_subsample.prs.fit_envelope`).
 
     Attributes
     ----------
@@ -131,6 +138,8 @@ class PliableRejectionSampler:
         refine: bool = False,
         rng: int | np.random.Generator | None = None,
         n_cells: int | None = None,
+        design: str = "two-stage",
+        estimator: str = "auto",
     ):
         if not callable(logpdf):
             raise TypeError("logpdf must be a callable taking points of shape (k, d)")
@@ -168,6 +177,8 @@ class PliableRejectionSampler:
             delta=delta,
             envelope_scale=envelope_scale,
             n_cells=n_cells,
+            design=design,
+            estimator=estimator,
         )
         self.dim = self.envelope.dim
         self.n_init = int(n_init)
