@@ -69,6 +69,10 @@ def default_n_cells(dim: int) -> int:
     return N_CELLS[dim]
 
 
+#: ``estimator="auto"`` skips the log-linear fit when its moment matrices, :math:`(d+1)^2`
+#: floats per cell, would exceed this many floats (160 MB): from d = 4 on the default grid.
+LOG_LINEAR_MAX_FLOATS = 20_000_000
+
 #: The fitted envelope must exceed every held-out value by this factor: the target
 #: between evaluated points (at a peak, say) is slightly higher than at them.
 COVER_MARGIN = 1.02
@@ -491,9 +495,11 @@ def fit_envelope(
         ``"kernel"``: the importance-weighted kernel estimate of :math:`f`
         (eq. 1, :func:`kernel_table`). Both are scaled by the same rule.
         ``"auto"`` (default) runs the bandwidth search for both and keeps the
-        smaller envelope mass: log-space wins on peaked, log-smooth targets
-        (the clutter posterior), the kernel estimate where :math:`\log f` is
-        not smooth (a density vanishing at the box's edge); with
+        smaller envelope mass (the kernel estimate only, when the log-linear
+        moments would exceed :data:`LOG_LINEAR_MAX_FLOATS`): log-space wins on
+        peaked, log-smooth targets (the clutter posterior), the kernel estimate
+        where :math:`\log f` is not smooth (a density vanishing at the box's
+        edge); with
         ``envelope_scale`` it means ``"kernel"``.
 
     Returns
@@ -542,6 +548,8 @@ def fit_envelope(
     else:
         best = None
         names = ("log-linear", "kernel") if estimator == "auto" else (estimator,)
+        if estimator == "auto" and n_cells**d * (d + 1) ** 2 > LOG_LINEAR_MAX_FLOATS:
+            names = ("kernel",)  # the local-linear moments would not fit in memory
         for name in names:
             fit, min_cells = estimators[name]
             worse = 0
