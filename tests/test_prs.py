@@ -349,3 +349,37 @@ def test_build_envelope_and_grid_sizes_reject_bad_input():
         build_envelope(mixture_logpdf, rng, 5, bounds=[(0, 1)])
     with pytest.raises(ValueError, match="NUTS"):
         default_n_cells(9)
+
+
+# -- the log-space estimate -------------------------------------------------------------
+
+
+def test_log_linear_table_fits_a_gaussian_peak_up_to_its_known_bias():
+    """Exact log f = -x^2 / (2 s^2): the local-linear fit is off by -h^2 / (2 s^2) only.
+
+    With a uniform design the local-linear estimate of a quadratic q is
+    q + q'' h^2 / 2; the table adds at most |slope| x cell width on top. A
+    kernel smoother of f instead would miss the peak by a factor, far outside
+    these bounds.
+    """
+    from pymc_subsample.prs.envelope import cell_index, log_linear_table
+
+    rng = np.random.default_rng(30)
+    s, h, n_cells = 0.3, 0.05, 4096
+    lo, hi = np.array([-2.0]), np.array([2.0])
+    x = rng.uniform(-2, 2, (3000, 1))
+    y = -0.5 * (x[:, 0] / s) ** 2
+    width = (hi - lo) / n_cells
+    table, loo = log_linear_table(cell_index(x, lo, hi, n_cells), y, n_cells, width, np.array([h]))
+    c = lo[0] + (np.arange(n_cells) + 0.5) * width[0]
+    mid = np.abs(c) < 1.0
+    exact = -0.5 * (c / s) ** 2 - 0.5 * (h / s) ** 2
+    slack = np.abs(c / s**2) * width[0] + 1e-3
+    assert np.all(table[mid] >= exact[mid] - 0.01)
+    assert np.all(table[mid] <= exact[mid] + slack[mid] + 0.01)
+    # leave-one-out values match refits without the point (hat-matrix formula)
+    cells = cell_index(x, lo, hi, n_cells)
+    for i in rng.choice(np.flatnonzero(np.abs(x[:, 0]) < 1), 5, replace=False):
+        keep = np.arange(len(x)) != i
+        refit, _ = log_linear_table(cells[keep], y[keep], n_cells, width, np.array([h]))
+        assert abs(refit[cells[i]] - loo[i]) < 0.02, (i, refit[cells[i]], loo[i])

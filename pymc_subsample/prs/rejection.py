@@ -43,6 +43,8 @@ def evaluate(logpdf: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.nd
         If ``logpdf`` does not return one finite-or-``-inf`` value per point.
     """
     out = np.asarray(logpdf(x), dtype=float)
+    if out.shape == () and len(x) == 1:  # scipy's logpdf squeezes a single point
+        out = out.reshape(1)
     if out.shape != (len(x),):
         raise ValueError(
             f"logpdf returned shape {out.shape} for {len(x)} points of shape {x.shape}; "
@@ -212,12 +214,83 @@ def build_envelope(
         "estimator": estimator,
     }
     env = fit_envelope(x, log_f, log_q, lo, hi, **settings)
-    if n_init > first:  # second stage: propose from the first envelope, evaluate, refit
-        x2 = env.sample(n_init - first, rng)
+    if n_init > first:  # second stage: modes of the first envelope, then proposals from it
+        spent = first + _mode_search(env, logpdf, record, budget=(n_init - first) // 4)
+        x2 = env.sample(n_init - spent, rng)
         record.append(x2, evaluate(logpdf, x2), env.log_value(x2) - env.log_mass)
         env = fit_envelope(*record.arrays(), lo, hi, **settings)
     env.design, env.settings, env.n_evaluations = record, settings, n_init
     return env
+
+
+#: Modes of the first envelope searched by the two-stage design.
+N_MODES = 4
+
+
+def _mode_search(env: PliableEnvelope, logpdf, record: Design, budget: int) -> int:
+    r"""Climb :math:`\log f` from the first envelope's highest local maxima; return evaluations.
+
+    A smoothed estimate is lowest, relative to :math:`f`, at a mode, exactly
+    where no design point may lie; the leave-one-out check of
+    :func:`fit_envelope` can only see that bias at evaluated points. Nelder–Mead
+    from up to :data:`N_MODES` separated local maxima of the table (at most
+    ``budget`` evaluations in all) puts points at the modes (points more than
+    20 times above :math:`E_1` are dropped: a climb into a singularity). They join the
+    design with :math:`\log q = \log E_1 - \log\int E_1`, the density of
+    the proposals that follow (any positive weight is sound: the envelope is
+    checked, not assumed, to cover them).
+    """
+    from scipy import ndimage, optimize
+
+    if budget < 10:
+        return 0
+    shape = (env.n_cells,) * env.dim
+    table = env.log_cells.reshape(shape)
+    peaks = np.flatnonzero(
+        (table == ndimage.maximum_filter(table, size=5, mode="nearest")).ravel()
+        & np.isfinite(env.log_cells)
+    )
+    peaks = peaks[np.argsort(-env.log_cells[peaks])][:N_MODES]
+    centres = env.lo + (np.column_stack(np.unravel_index(peaks, shape)) + 0.5) * env.width
+    seen_x, seen_f = [], []
+    calls = [0]
+
+    def neg(z):
+        if calls[0] >= budget:
+            raise StopIteration
+        calls[0] += 1
+        z = np.clip(z, env.lo, env.hi)
+        value = float(np.asarray(logpdf(z[None, :]), dtype=float).ravel()[0])
+        if np.isnan(value) or value == np.inf:  # an unbounded density: left to draw() to report
+            return 1e300
+        seen_x.append(z)
+        seen_f.append(value)
+        return -value if np.isfinite(value) else 1e300
+
+    per_start = max(budget // max(len(centres), 1), 5)
+    for c in centres:
+        try:
+            optimize.minimize(
+                neg,
+                c,
+                method="Nelder-Mead",
+                options={
+                    "maxfev": per_start,
+                    "initial_simplex": c + np.vstack([np.zeros(env.dim), np.diag(2 * env.width)]),
+                    "xatol": 1e-3 * float(np.min(env.width)),
+                    "fatol": 1e-3,
+                },
+            )
+        except StopIteration:
+            break
+    if seen_x:
+        x, log_f = np.array(seen_x), np.array(seen_f)
+        log_e = env.log_value(x)
+        # a climb that ends 20 times above the first envelope found a spike (an
+        # unbounded density), not a smooth mode: keep it out of the fit
+        keep = log_f <= log_e + 3.0
+        record.append(x[keep], log_f[keep], log_e[keep] - env.log_mass)
+    return calls[0]
 
 
 def refit_envelope(envelope: PliableEnvelope) -> PliableEnvelope:
