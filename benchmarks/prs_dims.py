@@ -15,7 +15,8 @@ seconds, and the peak memory traced during a run (the log-linear fit
 needs (d+1)^2 floats per cell while it runs, so from d = 4 the default
 estimator uses the kernel estimate only). 2 seeds each.
 
-Writes ``docs/results/tables/prs_dims.md``. Run: ``python benchmarks/prs_dims.py``.
+Writes ``docs/results/tables/prs_dims.md``. Run:
+``python benchmarks/prs_dims.py [--max-dim 6] [--seeds 2]``.
 """
 
 from __future__ import annotations
@@ -90,8 +91,15 @@ def run(target: str, d: int, refine: bool, seed: int) -> tuple[float, int, float
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-dim", type=int, default=6)
+    parser.add_argument("--seeds", type=int, default=SEEDS)
+    opts = parser.parse_args()
     lines = [
-        f"PRS in d dimensions, budget {BUDGET:.0e}, box [-6, 6]^d, mean ± sd over {SEEDS} seeds. "
+        f"PRS in d dimensions, budget {BUDGET:.0e}, box [-6, 6]^d, mean ± sd over {opts.seeds} "
+        "seed(s). "
         "Acceptance (%) counts the initial phase; memory is the peak traced by Python during "
         "one run (the envelope fit dominates).",
         "",
@@ -100,10 +108,10 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     for target in ("gaussian", "mixture"):
-        for d in range(1, 7):
+        for d in range(1, opts.max_dim + 1):
             out = {}
             for refine in (False, True):
-                out[refine] = [run(target, d, refine, s) for s in range(SEEDS)]
+                out[refine] = [run(target, d, refine, s) for s in range(opts.seeds)]
                 r = np.array([o[0] for o in out[refine]])
                 print(
                     f"{target} d={d} refine={refine}: {100 * r.mean():.1f} ± {100 * r.std():.1f}"

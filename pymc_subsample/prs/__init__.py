@@ -11,6 +11,7 @@ from .envelope import (
     default_n_cells,
     fit_envelope,
     kernel_table,
+    log_linear_table,
     paper_bandwidth,
     paper_rate,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "evaluate",
     "fit_envelope",
     "kernel_table",
+    "log_linear_table",
     "paper_bandwidth",
     "paper_rate",
     "refit_envelope",
