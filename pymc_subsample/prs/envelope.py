@@ -484,7 +484,8 @@ def fit_envelope(
         :math:`\bar f = \hat Z / V`: the envelope is then exactly
         :math:`\hat F_{h_0} + H_C \bar f \rho_T` (eq. 2). ``None`` (default)
         chooses the bandwidth, :math:`\kappa` and :math:`r` from the points:
-        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 12`, the leave-one-out
+        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 12` (:math:`1 \le j < 13`
+        for the log-linear estimate), the leave-one-out
         estimate must cover every point's value
         (:math:`\kappa \hat F_{-i}(X_i) + r \ge f(X_i)`, a linear program in
         :math:`(\kappa, r)` with :math:`r \ge H_C \bar f \rho_T`, :math:`H_C` =
