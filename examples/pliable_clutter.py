@@ -1,6 +1,6 @@
 """A bimodal posterior drawn exactly by PliableRejection, next to NUTS.
 
-Model: Minka's clutter problem in 2-D (seed 002, Sec. 4.3) as a PyMC model:
+Model: Minka's clutter problem in 2-D (Erraqabi et al. 2016, Sec. 4.3) as a PyMC model:
 20 points in the plane, half in [-5, -3]^2 and half in [2, 4]^2; each is either
 a N(theta, I) signal or N(0, 10 I) clutter (weight 1/2), and theta ~ N(0, 100 I).
 The posterior of theta has two separated modes. NUTS (4 chains) moves between

@@ -2,7 +2,7 @@ r"""PliableRejection: a PyMC step that draws a small block by pliable rejection 
 
 Design (Tierney 1994, "Metropolized rejection"). Let :math:`\pi` be the
 block's full conditional and :math:`E` a pliable envelope
-(:func:`~pymc_subsample.prs.fit_envelope`, App. B of seed 002) built earlier,
+(:func:`~pymc_subsample.prs.build_envelope`, App. B of Erraqabi et al. 2016) built earlier,
 possibly for other values of the rest of the model. One step:
 
 1. Rejection-sample :math:`y` from :math:`E`: propose :math:`y \sim E/\int E`,
@@ -43,12 +43,9 @@ from scipy import optimize, stats
 
 from .conditional import BlockConditional
 from .graph import continuous_value_vars
-from .prs import MixtureProposal, PliableRejectionSampler
+from .prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
 
 __all__ = ["PliableRejection"]
-
-#: Grid cells per dimension of the step's envelopes (cheaper than the standalone default).
-_STEP_CELLS = {1: 2048, 2: 256, 3: 48}
 
 #: Modes of the conditional remembered between builds (each one a proposal component).
 _MAX_MODES = 4
@@ -61,6 +58,11 @@ class PliableRejection(BlockedStep):
     ----------
     vars : list
         Continuous variables of the block, total size at most ``max_dim``.
+
+        One step proposes and accepts with :func:`~pymc_subsample.prs.draw`
+        (``repair=False``) from an envelope made by
+        :func:`~pymc_subsample.prs.build_envelope`, the same rejection loop as the
+        standalone :class:`~pymc_subsample.prs.PliableRejectionSampler`.
     n_init : int, optional
         Evaluations of the conditional per envelope build (default 1000 per
         dimension).
@@ -70,7 +72,8 @@ class PliableRejection(BlockedStep):
         Refine each new envelope on its conditional (about ``3 * n_init`` more
         evaluations per build) before using it: fewer rejections afterwards.
     max_dim : int
-        Largest block size accepted (default 3).
+        Largest block size accepted (default and at most
+        :data:`~pymc_subsample.prs.MAX_DIM`).
     rebuild : {"tune", "always"}
         When to rebuild the envelope (see the module notes).
     max_proposals : int
@@ -126,7 +129,7 @@ class PliableRejection(BlockedStep):
         smoothness: float = 2.0,
         delta: float = 0.01,
         refine: bool = False,
-        max_dim: int = 3,
+        max_dim: int = MAX_DIM,
         rebuild: str = "tune",
         max_proposals: int = 10_000,
         model=None,
@@ -149,9 +152,10 @@ class PliableRejection(BlockedStep):
         self._start = self.conditional.flatten(initial_point)
         self.vars = self.conditional.vars
         self.dim = self.conditional.dim
-        if self.dim > max_dim or self.dim > 3:
+        if self.dim > max_dim or self.dim > MAX_DIM:
             raise ValueError(
-                f"the block has {self.dim} dimensions, above max_dim={max_dim} (at most 3): "
+                f"the block has {self.dim} dimensions, above max_dim={max_dim} "
+                f"(at most {MAX_DIM}): "
                 "rejection sampling needs a low-dimensional block; split it into smaller "
                 "blocks or use NUTS for it"
             )
@@ -248,22 +252,31 @@ class PliableRejection(BlockedStep):
                 for mode, scale in modes[:_MAX_MODES]
             ]
         )
-        sampler = PliableRejectionSampler(
+        env = build_envelope(
             lambda z: self.conditional(z, point),
+            self.rng,
+            self.n_init,
             proposal=g,
-            n_init=self.n_init,
             smoothness=self.smoothness,
             delta=self.delta,
-            rng=self.rng,
-            n_cells=_STEP_CELLS[self.dim],
-            refine=self.refine,
         )
+        used = env.n_evaluations
         if self.refine:  # sharpen the envelope on this conditional before using it
-            while sampler.n_evaluations < 4 * self.n_init:
-                sampler.rvs(self.n_init)
-        self.envelope = sampler.envelope
+            while used < 4 * self.n_init:
+                res = draw(
+                    env,
+                    lambda z: self.conditional(z, point),
+                    self.rng,
+                    self.n_init,
+                    rate=0.5,
+                    record=env.design,
+                    max_batch=self.n_init,
+                )
+                used += res.n_evaluations
+                env = refit_envelope(env)
+        self.envelope = env
         self._rebuild_due = False
-        return n + sampler.n_evaluations
+        return n + used
 
     # -- the step ---------------------------------------------------------------------
 
@@ -274,30 +287,33 @@ class PliableRejection(BlockedStep):
         if self._rebuild_due or self.rebuild == "always":
             n_evals += self._build(x, point)
             rebuilt = True
+        cache: list[float] = []
+
+        def logpdf(z):  # the current point rides along with the first proposals
+            if cache:
+                return self.conditional(z, point)
+            lp = self.conditional(np.concatenate([x[None, :], z]), point)
+            cache.append(float(lp[0]))
+            return lp[1:]
+
         env = self.envelope
-        y, lp_x = None, None
-        violations, first, tried = 0, False, 0
-        while tried < self.max_proposals:
-            k = int(min(np.ceil(0.7 / max(self._rate, 1e-3)), self.max_proposals - tried))
-            cand = env.sample(k, self.rng)
-            log_e = env.log_value(cand)
-            if lp_x is None:  # the current point rides along with the first proposals
-                lp = self.conditional(np.concatenate([x[None, :], cand]), point)
-                lp_x, lp = float(lp[0]), lp[1:]
-                n_evals += 1
-            else:
-                lp = self.conditional(cand, point)
-            n_evals += k
-            ratio = lp - log_e
-            violations += int(np.sum(ratio > 0))
-            hit = np.flatnonzero(np.log(self.rng.random(k)) < np.minimum(ratio, 0.0))
-            if hit.size:
-                i = int(hit[0])
-                first = tried == 0 and i == 0
-                tried += i + 1
-                y, lp_y, log_e_y = cand[i], float(lp[i]), float(log_e[i])
-                break
-            tried += k
+        res = draw(
+            env,
+            logpdf,
+            self.rng,
+            1,
+            repair=False,
+            rate=self._rate,
+            max_proposals=self.max_proposals,
+        )
+        n_evals += res.n_evaluations + 1
+        violations = res.violations
+        tried = res.n_tried
+        first = len(res.x) > 0 and tried == 1
+        y = res.x[0] if len(res.x) else None
+        lp_x = cache[0]
+        if y is not None:
+            lp_y, log_e_y = float(res.log_f[0]), float(res.log_e[0])
         self._rate = 0.9 * self._rate + 0.1 * (1.0 / max(tried, 1))
         self.n_steps += 1
         if self.tune and (self.n_steps & (self.n_steps - 1)) == 0:

@@ -1,4 +1,4 @@
-r"""Baselines of seed 002's experiments: simple rejection sampling and A* sampling.
+r"""Baselines of Erraqabi et al.'s (2016) experiments: simple rejection and A* sampling.
 
 Both sample :math:`f = q\,e^{o}` of a :class:`~pymc_subsample.prs.targets.Target`
 and count evaluations of :math:`f` (one per evaluation of :math:`o`).
@@ -59,12 +59,38 @@ def simple_rejection(
 
 
 class AStarSampler:
-    r"""A* sampling (Maddison, Tarlow and Minka 2014, Alg. 2).
+    r"""A* sampling (Maddison, Tarlow & Minka 2014), as in the authors' released code.
 
-    Draws the Gumbel process of :math:`q` top-down by splitting boxes, keeps
-    the best lower bound :math:`G + o(X)` and stops when no box's upper bound
-    :math:`G + \max_B o` can beat it; the argmax is an exact draw of :math:`f`.
-    Each popped box costs one evaluation of :math:`o` (of :math:`f`).
+    The Gumbel process of :math:`f = q e^o` is searched top-down: a region
+    :math:`B` of the state space carries the largest value :math:`G` of the
+    Gumbel process of :math:`q` in it (:math:`G \sim \text{Gumbel}(\log q(B))`,
+    truncated below its parent's) and the upper bound :math:`G + \max_B o`;
+    the region with the largest upper bound is popped, its point
+    :math:`X \sim q|_B` is drawn and :math:`G + o(X)` joins the lower bounds.
+    When the largest lower bound is at least every remaining upper bound, its
+    :math:`X` is the next point of the target's Gumbel process, an exact draw
+    of :math:`f`.
+
+    ``stream=True`` (default) is the iterator of Maddison et al.'s released
+    code (``astar_sampling_iterator``), the one Erraqabi et al. (2016) ran:
+    **one** Gumbel process yields all the draws (the locations of its points,
+    in decreasing order of value, are i.i.d. from :math:`f`). After popping
+    :math:`B` the search either advances :math:`B` to its next Gumbel value
+    :math:`\text{TruncGumbel}(\log q(B), G)` with the same bound (if the
+    best lower bound already beats every upper bound) or splits :math:`B` at
+    :math:`X` along its widest side (relative to the state space), the next
+    value going to a child chosen with probability :math:`\propto q(\text{child})`
+    and the other child drawing its own, truncated at it. At most one draw is
+    returned per popped region. Since regions shrink as draws accumulate, the
+    bounds tighten and evaluations per draw fall toward one.
+
+    ``stream=False`` restarts the search for every draw (Alg. 2 of the paper
+    run once per draw): every draw pays for the whole search from the root.
+
+    **Accounting.** One evaluation of :math:`f` per popped region (its
+    :math:`o(X)`); :attr:`acceptance_rate` is draws per evaluation. Bound
+    evaluations (:attr:`n_bounds`, one per region created) are not counted
+    as evaluations of :math:`f`, as in both papers.
 
     Parameters
     ----------
@@ -72,13 +98,49 @@ class AStarSampler:
         The target :math:`q e^o`; needs ``o_bound``.
     rng : int or numpy.random.Generator, optional
         Source of randomness.
+    stream : bool
+        One Gumbel process for all draws (default), or a new one per draw.
     """
 
-    def __init__(self, target: Target, rng: np.random.Generator | int | None = None):
+    def __init__(
+        self,
+        target: Target,
+        rng: np.random.Generator | int | None = None,
+        *,
+        stream: bool = True,
+    ):
         self.target = target
         self.rng = np.random.default_rng(rng)
+        self.stream = bool(stream)
         self.n_evaluations = 0
+        self.n_bounds = 0
         self.n_draws = 0
+        box = np.array(target.bounds, dtype=float)
+        self._lo, self._hi = box[:, 0], box[:, 1]
+        self._span = self._hi - self._lo
+        self._start()
+
+    def _start(self) -> None:
+        """Start a new Gumbel process: the root region on the upper-bound heap."""
+        log_mass = self._log_mass(self._lo, self._hi)
+        g = log_mass + self._gumbel()
+        self._upper: list = []
+        self._lower: list = []
+        self._tick = 0
+        self._push(g, self._lo, self._hi, log_mass)
+
+    def _gumbel(self) -> float:
+        return -math.log(self.rng.exponential())
+
+    def _truncated(self, loc: float, upper: float) -> float:
+        """Gumbel(loc) conditioned on being below ``upper``."""
+        return -math.log(self.rng.exponential() * math.exp(-loc) + math.exp(-upper))
+
+    def _push(self, g: float, lo, hi, log_mass: float) -> None:
+        bound = float(self.target.o_bound(lo, hi))
+        self.n_bounds += 1
+        heapq.heappush(self._upper, (-(g + bound), self._tick, g, bound, lo, hi, log_mass))
+        self._tick += 1
 
     def _log_mass(self, lo, hi) -> float:
         total = 0.0
@@ -89,40 +151,46 @@ class AStarSampler:
             total += math.log(p)
         return total
 
-    def _truncated_gumbel(self, loc: float, upper: float) -> float:
-        g = loc - math.log(-math.log(self.rng.random()))
-        return -math.log(math.exp(-upper) + math.exp(-g)) if g > -700 else g
-
     def draw(self) -> np.ndarray:
         """Return one exact draw, shape ``(d,)``."""
-        t = self.target
-        lo, hi = (np.array(b, dtype=float) for b in zip(*t.bounds, strict=True))
-        g = self._log_mass(lo, hi) - math.log(-math.log(self.rng.random()))
-        x = _draw_q(t, lo, hi, self.rng, 1)[0]
-        heap = [(-(g + t.o_bound(lo, hi)), 0, g, x, lo, hi)]
-        best, best_x, tick = -math.inf, None, 1
-        while heap and best < -heap[0][0]:
-            _, _, g, x, lo, hi = heapq.heappop(heap)
-            value = g + float(t.o(x[None, :])[0])
+        if not self.stream:
+            self._start()
+        o = self.target.o
+        while True:
+            _, _, g, bound, lo, hi, log_mass = heapq.heappop(self._upper)
+            x = _draw_q(self.target, lo, hi, self.rng, 1)[0]
+            value = g + float(o(x[None, :])[0])
             self.n_evaluations += 1
-            if value > best:
-                best, best_x = value, x
-            k = int(np.argmax((hi - lo) / (np.array(t.bounds)[:, 1] - np.array(t.bounds)[:, 0])))
-            for c_lo, c_hi in (
-                (lo, np.where(np.arange(t.dim) == k, x, hi)),
-                (np.where(np.arange(t.dim) == k, x, lo), hi),
-            ):
-                log_mass = self._log_mass(c_lo, c_hi)
-                if log_mass == -math.inf:
-                    continue
-                g_c = self._truncated_gumbel(log_mass, g)
-                upper = g_c + t.o_bound(c_lo, c_hi)
-                if upper > best:
-                    x_c = _draw_q(t, c_lo, c_hi, self.rng, 1)[0]
-                    heapq.heappush(heap, (-upper, tick, g_c, x_c, c_lo, c_hi))
-                    tick += 1
-        self.n_draws += 1
-        return best_x
+            heapq.heappush(self._lower, (-value, self._tick, x))
+            self._tick += 1
+            g_next = self._truncated(log_mass, g)  # the region's next Gumbel value
+            best_upper = max(g_next + bound, -self._upper[0][0] if self._upper else -math.inf)
+            if -self._lower[0][0] < best_upper:  # still searching: split at x
+                k = int(np.argmax((hi - lo) / self._span))
+                children = [
+                    (lo, np.where(np.arange(len(lo)) == k, x[k], hi)),
+                    (np.where(np.arange(len(lo)) == k, x[k], lo), hi),
+                ]
+                masses = [self._log_mass(c_lo, c_hi) for c_lo, c_hi in children]
+                finite = [m for m in masses if m > -math.inf]
+                if finite:
+                    p = np.exp(np.array(masses) - max(finite))
+                    heir = int(self.rng.choice(2, p=p / p.sum()))
+                    for c, ((c_lo, c_hi), m) in enumerate(zip(children, masses, strict=True)):
+                        if m == -math.inf:
+                            continue
+                        g_c = g_next if c == heir else self._truncated(m, g_next)
+                        self._push(g_c, c_lo, c_hi, m)
+            else:
+                heapq.heappush(
+                    self._upper, (-(g_next + bound), self._tick, g_next, bound, lo, hi, log_mass)
+                )
+                self._tick += 1
+            top = -self._upper[0][0] if self._upper else -math.inf
+            if -self._lower[0][0] >= top:
+                _, _, best = heapq.heappop(self._lower)
+                self.n_draws += 1
+                return best
 
     def sample_budget(self, budget: int) -> np.ndarray:
         """Draw until ``budget`` evaluations of :math:`f` are spent; return the draws."""

@@ -1,6 +1,6 @@
 r"""Independent (product) proposals: a frozen 1-D SciPy distribution per dimension.
 
-The extended sampler of seed 002 (App. B) starts from an initial proposal
+The extended sampler of Erraqabi et al. (2016, App. B) starts from an initial proposal
 :math:`g(x) = \prod_k g_k(x_k)` with :math:`f \le M g`. A product form makes
 its mass in a box and exact draws conditioned on a box, or on the outside of
 a box, available from the marginal CDFs, which is what the tail of

@@ -1,4 +1,4 @@
-r"""Seed 002's test targets, with the decomposition A* sampling needs.
+r"""Erraqabi et al.'s (2016) test targets, with the decomposition A* sampling needs.
 
 Each target is :math:`f(x) = q(x) \exp(o(x))` on a box: :math:`q` a tractable
 product density (the proposal of simple rejection sampling and A*), :math:`o`
@@ -70,7 +70,7 @@ class Marginal:
 
 @dataclass(frozen=True)
 class Target:
-    r"""An unnormalized target :math:`f = q\,e^{o}` on a box, as seed 002's experiments use it.
+    r"""An unnormalized target :math:`f = q\,e^{o}` on a box, as in Erraqabi et al. (2016).
 
     Attributes
     ----------
@@ -110,7 +110,7 @@ class Target:
 
 
 def peakiness_target(a: float) -> Target:
-    r""":math:`f \propto e^{-x}(1+x)^{-a}` on :math:`[0, 10]` (seed 002, §4.1)."""
+    r""":math:`f \propto e^{-x}(1+x)^{-a}` on :math:`[0, 10]` (Erraqabi et al. 2016, Sec. 4.1)."""
 
     def o(x):
         return -a * np.log1p(x[:, 0])
