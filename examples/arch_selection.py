@@ -1,4 +1,4 @@
-"""Bayesian ARCH lag-order selection on S&P 500 returns (seed 000, Sec. 5.2).
+"""Bayesian ARCH lag-order selection on S&P 500 returns (Chen & Ghahramani 2016, Sec. 5.2).
 
 Daily S&P 500 log returns (in %) from 1999 to 2018, as shipped by the ``arch``
 package (``arch.data.sp500``; no network). The model, as in the paper up to

@@ -161,7 +161,7 @@ def test_bimodal_posterior_mode_weights():
 
 
 def test_step_pickles_after_building_its_envelope():
-    """spawn/forkserver start methods cloudpickle the step (PYMC_NOTES.md)."""
+    """spawn/forkserver start methods cloudpickle the step."""
     import cloudpickle
 
     y = np.random.default_rng(10).normal(1.5, 1, 20)
