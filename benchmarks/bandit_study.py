@@ -206,7 +206,12 @@ def draw_figures(rows, n_obs):
     figs.mkdir(parents=True, exist_ok=True)
     for name, fname in FIGURES:
         if any(r["study"] == name for r in rows):
-            plot(rows, name, figs / fname, f"Seed 001 synthetic study, {name}, N = {n_obs:.0e}")
+            plot(
+                rows,
+                name,
+                figs / fname,
+                f"Synthetic study (Chen & Ghahramani 2016), {name}, N = {n_obs:.0e}",
+            )
             print(f"wrote {figs / fname}")
 
 
