@@ -21,7 +21,9 @@ __all__ = [
     "RewardFn",
     "TotalsFn",
     "argmax_or_raise",
+    "as_reward_batch",
     "check_probability",
+    "check_reward_values",
     "checked_rewards",
     "exact_totals",
     "validate_race_args",
@@ -148,24 +150,35 @@ def checked_rewards(
     ValueError
         On a wrong shape, NaN or +inf, naming the fix.
     """
-    out = np.asarray(rewards(arms, idx), dtype=np.float64)
     n_idx = len(idx) if n_idx is None else n_idx
-    if out.shape != (len(arms), n_idx):
-        raise ValueError(
-            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
-            f"{(len(arms), n_idx)}, got {out.shape}"
-        )
+    out = as_reward_batch(rewards(arms, idx), len(arms), n_idx)
     finite = math.isfinite(out.sum())  # fast path: a finite sum means every entry is finite
     if not finite:
-        if np.isnan(out).any():
-            raise ValueError(
-                "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
-            )
-        if np.isposinf(out).any():
-            raise ValueError(
-                "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
-            )
+        check_reward_values(out)
     return out, finite
+
+
+def as_reward_batch(values, n_arms: int, n_idx: int) -> np.ndarray:
+    """Return ``values`` as a float64 array of shape ``(n_arms, n_idx)``; raise otherwise."""
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (n_arms, n_idx):
+        raise ValueError(
+            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = "
+            f"{(n_arms, n_idx)}, got {out.shape}"
+        )
+    return out
+
+
+def check_reward_values(batch: np.ndarray) -> None:
+    """Raise ``ValueError`` on NaN or +inf rewards (−inf is allowed: the arm is dropped)."""
+    if np.isnan(batch).any():
+        raise ValueError(
+            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
+        )
+    if np.isposinf(batch).any():
+        raise ValueError(
+            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
+        )
 
 
 def exact_totals(

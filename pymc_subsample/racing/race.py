@@ -37,6 +37,8 @@ from .common import (
     RewardFn,
     TotalsFn,
     argmax_or_raise,
+    as_reward_batch,
+    check_reward_values,
     exact_totals,
     validate_race_args,
 )
@@ -307,7 +309,7 @@ class SharedRace:
                 return self._eliminate(state, batch, out, size)
         elif np.isfinite(batch.sum()):
             return self._final(state, batch, size)
-        _check_values(batch)  # NaN and +inf are errors; -inf drops the arm
+        check_reward_values(batch)  # NaN and +inf are errors; -inf drops the arm
         # an arm with a -inf term can never win
         finite_rows = np.isfinite(batch).all(axis=1)
         rows = np.flatnonzero(finite_rows)
@@ -475,17 +477,6 @@ class SharedRace:
         )
 
 
-def _check_values(batch: np.ndarray) -> None:
-    if np.isnan(batch).any():
-        raise ValueError(
-            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
-        )
-    if np.isposinf(batch).any():
-        raise ValueError(
-            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
-        )
-
-
 def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
     """Keep the arms whose elimination rests on a mean too skewed to be near-normal.
 
@@ -593,7 +584,7 @@ def race_shared(
         alive = state.alive
         batch = rewards(alive, stream.take(k))
         if batch.shape != (len(alive), k) or batch.dtype != np.float64:
-            batch = _checked_shape(batch, len(alive), k)
+            batch = as_reward_batch(batch, len(alive), k)
         if not batch.flags.c_contiguous:  # the compiled look vectorizes on C order only
             batch = np.ascontiguousarray(batch)
         state = kernel.update(state, batch)
@@ -606,16 +597,6 @@ def race_shared(
             state = kernel.exact_look(state, sums, n_obs * len(state.alive))
             break
     return kernel.result(state)
-
-
-def _checked_shape(batch, n_arms: int, k: int) -> np.ndarray:
-    batch = np.asarray(batch, dtype=np.float64)
-    if batch.shape != (n_arms, k):
-        raise ValueError(
-            f"rewards(arms, idx) must return shape (len(arms), len(idx)) = {(n_arms, k)}, "
-            f"got {batch.shape}"
-        )
-    return batch
 
 
 def _rescue(kernel: SharedRace, state: RaceState, rewards, totals) -> RaceResult:
