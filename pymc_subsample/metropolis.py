@@ -417,6 +417,7 @@ class RacingMetropolis(RacingStep):
     def _set_surrogate(self, sur: QuadraticSurrogate, neg_hessian: np.ndarray) -> None:
         """Keep the surrogate and the mass matrix :math:`M` (the negative Hessian) with factors."""
         self.surrogate = sur
+        self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
         self._inv_mass = np.linalg.inv(neg_hessian)
         self._chol_mass = np.linalg.cholesky(neg_hessian)
         self._chol_cov = np.linalg.cholesky(self._inv_mass)
@@ -589,8 +590,9 @@ class RacingMetropolis(RacingStep):
             weights = sur.weights(pair)
             h_total = weights @ sur.sums
             exact_part += h_total[1] - h_total[0]
-            rows = np.concatenate([self._stencil_rows(), pair])
-            all_cands = self._candidates(rows)
+            all_cands = [
+                np.concatenate([s, c]) for s, c in zip(self._stencil_cands, cands, strict=True)
+            ]
             k = sur.n_points
 
             def rewards(arms, idx):
@@ -610,11 +612,6 @@ class RacingMetropolis(RacingStep):
             log["audited"] += 1
             log["wrong"] += int(not agree)
         return decision.accepted, decision.accept_probability
-
-    def _stencil_rows(self) -> np.ndarray:
-        if getattr(self, "_stencil_cache", (None, None))[0] is not self.surrogate:
-            self._stencil_cache = (self.surrogate, self.surrogate.points())
-        return self._stencil_cache[1]
 
     def _tune_step(self, accepted: np.ndarray, accept: np.ndarray) -> None:
         if self._dual is not None:  # hmc: dual averaging on the log step size
