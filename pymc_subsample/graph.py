@@ -82,7 +82,7 @@ def _depends_on(graph, variables) -> bool:
     return any(a in targets for a in ancestors([graph]))
 
 
-def block_terms(model, value_vars, rvs) -> list:
+def block_terms(model, value_vars, rvs, *, potentials: bool = True) -> list:
     """Return the summed log densities of those ``rvs`` whose log density involves the block.
 
     Parameters
@@ -93,13 +93,17 @@ def block_terms(model, value_vars, rvs) -> list:
         The block's value variables.
     rvs : sequence
         Random variables to consider (free, observed, or both).
+    potentials : bool
+        Also return the model's ``pm.Potential`` terms (summed) that involve the block.
 
     Returns
     -------
     list
-        One scalar graph per variable of ``rvs`` that depends on the block.
+        One scalar graph per variable of ``rvs`` (and per potential) that depends on the block.
     """
     terms = [model.logp(vars=[rv], sum=True) for rv in rvs]
+    if potentials and model.potentials:
+        terms += [pt.sum(p) for p in model.replace_rvs_by_values(model.potentials)]
     return [t for t in terms if _depends_on(t, value_vars)]
 
 
@@ -214,6 +218,7 @@ class ObservationTerms:
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
         self._graphs = (idx, subset, log_f0)
+        self._loglik = loglik
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
         self._perm = np.arange(self.n_obs)
         self._whole = (np.asarray(0, dtype=np.int64), np.asarray(self.n_obs, dtype=np.int64))
@@ -228,9 +233,11 @@ class ObservationTerms:
                 {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},
                 strict=False,
             )
+        self._window_graph = (start, stop, window) if self._permuted else None
         self._model = model
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
+        self._expansion_fns = None
         self._f0_grad_fn = None
         self._cands = [
             pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
@@ -521,6 +528,128 @@ class ObservationTerms:
         out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *self._others(point))
         k = len(self.vars)
         return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
+
+    # -- first-order expansion in the other inputs (control variates of discrete races) --
+
+    def expansion_inputs(self) -> list[str]:
+        """Names of the continuous inputs in which :meth:`expansion_residual_batch` expands."""
+        return [n for n, d in zip(self._input_names, self._input_dtypes, strict=True)
+                if d.startswith("float")]  # fmt: skip
+
+    def _compile_expansion(self) -> None:
+        r"""Compile the residual and reference-sum functions of the first-order expansion."""
+        import pytensor
+
+        floats = [v for v in self.inputs if v.dtype.startswith("float")]
+        if not floats:
+            raise ValueError(
+                "control variates expand the terms in the continuous variables they depend "
+                f"on besides {', '.join(v.name for v in self.vars)}, and there are none: the "
+                "terms depend on the block and the data only, so there is nothing to expand"
+            )
+        refs = [v.type(name=f"{v.name}_reference") for v in floats]
+        to_ref = dict(zip(floats, refs, strict=True))
+        batch = dict(zip(self.vars, self._cands, strict=True))
+
+        def residual(graph):
+            at_ref = graph_replace(graph, to_ref, strict=False)
+            slope = pytensor.gradient.pushforward(
+                at_ref,
+                refs,
+                [v - r for v, r in zip(floats, refs, strict=True)],
+                disconnected_outputs="ignore",
+            )
+            return vectorize_graph(graph - at_ref - slope, replace=batch)
+
+        others = [*self.inputs, *refs]
+        kw = self._compile_kwargs
+        idx_var, subset, _ = self._graphs
+        gather = self._model.compile_fn(
+            residual(subset), inputs=[*self._cands, idx_var, *others], point_fn=False, **kw
+        )
+        window = None
+        if self._window_graph is not None:
+            start, stop, win = self._window_graph
+            window = self._model.compile_fn(
+                residual(win), inputs=[*self._cands, start, stop, *others], point_fn=False, **kw
+            )
+        total = graph_replace(self._loglik.sum(), to_ref, strict=False)
+        sums = self._model.compile_fn(
+            [total, *pytensor.grad(total, refs, disconnected_inputs="ignore")],
+            inputs=[*self.vars, *others],
+            point_fn=False,
+            **kw,
+        )
+        self._expansion_fns = (gather, window, sums, [v.name for v in floats])
+
+    def expansion_residual_batch(
+        self,
+        candidates: Sequence[np.ndarray],
+        positions: slice | np.ndarray,
+        point: dict,
+        reference: dict,
+    ) -> np.ndarray:
+        r"""Residuals of the first-order expansion of the terms in the other inputs.
+
+        With :math:`\psi` the continuous value variables the terms depend on
+        besides the block (read from ``point``) and :math:`\hat\psi` their
+        values in ``reference``, returns
+
+        .. math:: r_n(\theta_k) = \log f_n(\theta_k; \psi) - \log f_n(\theta_k; \hat\psi)
+                  - \nabla_{\psi} \log f_n(\theta_k; \hat\psi) \cdot (\psi - \hat\psi),
+
+        the directional derivative computed exactly (forward mode), on the
+        observations at ``positions`` of the current row permutation (as
+        :meth:`loglik_batch`). Their sum over all :math:`N` is
+        :math:`\sum_n \log f_n(\theta_k; \psi) - S_k - G_k \cdot (\psi -
+        \hat\psi)` with :math:`(S_k, G_k)` from :meth:`expansion_sums`.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(K, n)``.
+        """
+        if self._expansion_fns is None:
+            self._compile_expansion()
+        gather, window, _, names = self._expansion_fns
+        cands, others = self._exact_arrays(candidates, point)
+        refs = [np.asarray(reference[n], dtype=point[n].dtype) for n in names]
+        if isinstance(positions, slice) and window is not None:
+            start = np.asarray(positions.start, dtype=np.int64)
+            stop = np.asarray(positions.stop, dtype=np.int64)
+            return window(*cands, start, stop, *others, *refs)
+        rows = np.asarray(self._perm[positions], dtype=np.int64)
+        return gather(*cands, rows, *others, *refs)
+
+    def expansion_sums(
+        self, candidates: Sequence[np.ndarray], point: dict, reference: dict
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        r"""Exact sums of the expansion at the reference, one full pass per candidate.
+
+        Returns :math:`S_k = \sum_n \log f_n(\theta_k; \hat\psi)` and
+        :math:`G_k = \nabla_{\hat\psi} S_k`, the block's value and the
+        non-continuous inputs taken from ``candidates`` and ``point``.
+
+        Returns
+        -------
+        tuple
+            ``(S, G)``: ``S`` of shape ``(K,)``; ``G`` one array per expanded
+            input (:meth:`expansion_inputs`), of shape ``(K, *input.shape)``.
+        """
+        if self._expansion_fns is None:
+            self._compile_expansion()
+        _, _, sums, names = self._expansion_fns
+        cands, others = self._exact_arrays(candidates, point)
+        refs = [np.asarray(reference[n], dtype=point[n].dtype) for n in names]
+        n_cands = len(cands[0])
+        values = np.empty(n_cands)
+        grads = [np.empty((n_cands, *np.shape(r))) for r in refs]
+        for k in range(n_cands):
+            out = sums(*[c[k] for c in cands], *others, *refs)
+            values[k] = out[0]
+            for g, o in zip(grads, out[1:], strict=True):
+                g[k] = o
+        return values, grads
 
     def log_f0_grad(self, values: Sequence[np.ndarray], point: dict) -> list[np.ndarray]:
         r"""Gradient of :math:`\log f_0` (prior, Jacobian, other blanket terms); no data read.

@@ -183,10 +183,15 @@ class RacingStep(BlockedStep):
 
         def call_seconds(m):
             window = slice(0, min(m, n_obs))
-            return median_seconds(lambda: self.terms.loglik_batch(cands, window, point))
+            return median_seconds(lambda: self._batch_rewards(cands, window, point))
 
         exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
         return fit_round_cost(call_seconds, n_cands, n_obs), exact
+
+    def _batch_rewards(self, cands, positions, point) -> np.ndarray:
+        """What a race's look evaluates on a batch (the raw terms; steps with control variates
+        evaluate residuals instead, and :meth:`_measure` times this)."""
+        return self.terms.loglik_batch(cands, positions, point)
 
     # -- per-chain state -------------------------------------------------------------
 

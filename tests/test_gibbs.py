@@ -462,3 +462,64 @@ def test_auto_settings_keep_the_audited_error_within_delta():
     wrong = sum(s["audit_agree"] == 0 for s in st)
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong
     assert step.batch_size >= 50 and 0 <= step.exact_after <= n_obs
+
+
+@pytest.fixture(scope="module")
+def selector_with_potential():
+    """A selector whose conditional also has a pm.Potential and a continuous parameter."""
+    rng = np.random.default_rng(3)
+    n_obs = 2000
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(0.05, 1.0, size=n_obs))
+        q = pm.Categorical("q", p=np.full(4, 0.25))
+        mu = pm.Normal("mu", 0.0, 1.0, shape=4)
+        # a Potential that favours q = 0 strongly: ignoring it changes the conditional
+        pm.Potential("tilt", pt.switch(pt.eq(q, 0), 6.5, 0.0) + 0.5 * mu[q])
+        pm.Normal("y", mu[q], 1.0, observed=y_data)
+    point = model.initial_point()
+    point["mu"] = np.array([0.0, 0.03, 0.06, 0.09])
+    return model, q, point
+
+
+@pytest.mark.parametrize("bound", ["normal", "exact"])
+def test_potentials_enter_the_conditional(selector_with_potential, bound):
+    model, q, point = selector_with_potential
+    probs = exact_conditional(model, "q", 4, point)
+    assert probs[0] > 0.3 and probs.max() < 0.95  # without the Potential: < 0.01
+    with model:
+        step = SubsampledCategoricalGibbs([q], bound=bound, rng=4, **RACE)
+    draws, _ = draw_many(step, point, 1500, "q")
+    assert_matches(draws, probs, 4)
+
+
+@pytest.mark.parametrize("reference", ["current", "fixed"])
+def test_control_variates_keep_the_conditional_and_cut_the_terms(
+    selector_with_potential, reference
+):
+    model, q, point = selector_with_potential
+    point = dict(point, mu=np.array([0.0, 0.03, 0.06, 0.09]))
+    probs = exact_conditional(model, "q", 4, point)
+    # the reference is off the current point, so the expansion's slope term matters
+    ref = True if reference == "current" else {"mu": point["mu"] + 0.01}
+    with model:
+        step = SubsampledCategoricalGibbs([q], control_variates=ref, rng=5, **RACE)
+        raw = SubsampledCategoricalGibbs([q], rng=5, **RACE)
+    draws, st = draw_many(step, point, 1500, "q")
+    assert_matches(draws, probs, 4)
+    _, st_raw = draw_many(raw, point, 300, "q")
+    used = np.mean([s["n_evals"] for s in st])
+    used_raw = np.mean([s["n_evals"] for s in st_raw])
+    assert used < 0.5 * used_raw, (used, used_raw)
+
+
+def test_control_variates_need_a_continuous_input(selector):
+    model, q = selector
+    with model, pytest.raises(ValueError, match="nothing to expand"):
+        SubsampledCategoricalGibbs([q], control_variates=True)
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(300))
+        k = pm.Categorical("k", p=np.full(2, 0.5))
+        mu = pm.Normal("mu", 0.0, 1.0, shape=2)
+        pm.Normal("y", mu[k], 1.0, observed=y_data)
+        with pytest.raises(ValueError, match="lacks"):
+            SubsampledCategoricalGibbs([k], control_variates={"nu": 1.0})
