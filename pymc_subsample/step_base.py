@@ -189,8 +189,10 @@ class RacingStep(BlockedStep):
         return fit_round_cost(call_seconds, n_cands, n_obs), exact
 
     def _batch_rewards(self, cands, positions, point) -> np.ndarray:
-        """What a race's look evaluates on a batch (the raw terms; steps with control variates
-        evaluate residuals instead, and :meth:`_measure` times this)."""
+        """Return what a race's look evaluates on a batch: the raw terms here.
+
+        Steps with control variates evaluate residuals instead; :meth:`_measure` times this.
+        """
         return self.terms.loglik_batch(cands, positions, point)
 
     # -- per-chain state -------------------------------------------------------------
