@@ -214,8 +214,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                     f"every continuous value variable the terms depend on: {names}"
                 )
             self._fixed_reference = {
-                n: np.asarray(control_variates[n], dtype=self.initial_point[n].dtype)
-                for n in names
+                n: np.asarray(control_variates[n], dtype=self.initial_point[n].dtype) for n in names
             }
         elif control_variates is not True:
             raise ValueError(

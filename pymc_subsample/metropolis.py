@@ -452,9 +452,13 @@ class RacingMetropolis(RacingStep):
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
-            # initialization, as NUTS's: tuning draws are discarded
-            z = self.rng.standard_normal(self.dim)
-            x = self.surrogate.theta_ref + self._chol_cov @ z
+            # initialization, as NUTS's (tuning draws are discarded): a chain that starts
+            # outside the bulk, where the Laplace approximation puts almost no mass, jumps to
+            # a draw from it; one that starts inside (a posterior draw, or the mode) stays
+            gap = self._chol_mass.T @ (x - self.surrogate.theta_ref)
+            if 0.5 * gap @ gap > self.dim:
+                z = self.rng.standard_normal(self.dim)
+                x = self.surrogate.theta_ref + self._chol_cov @ z
         self._started = True
         return x, spent
 
