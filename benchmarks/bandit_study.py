@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pymc_subsample.racing.synthetic import (
+from support.synthetic import (
     REWARD_DISTRIBUTIONS,
     bandit_population,
     gumbel_race_errors,

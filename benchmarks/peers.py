@@ -9,13 +9,14 @@ put them in its table in the same run. Install them with
 ``pip install -e '.[peers]'``; :func:`available` says which are usable, and why
 not.
 
-Models (identical to ours, coefficients named ``a``, ``b[0]`` ... ``b[3]``):
+Models: those of ``benchmarks/support/models.py`` (data and PyMC models), the
+numpyro versions written here to match (coefficients named ``a``, ``b[0]`` ...
+``b[3]``):
 
 - logistic regression, ``a ~ Normal(0, 3)``, ``b ~ Normal(0, 3)`` (4 entries),
-  ``y ~ Bernoulli(logit_p = a + x @ b)``; data from :func:`logistic_data`;
+  ``y ~ Bernoulli(logit_p = a + x @ b)``;
 - robust regression, same priors, ``sigma ~ HalfNormal(1)``,
-  ``y ~ StudentT(nu = 4, mu = a + x @ b, sigma)``; data from
-  :func:`studentt_data`.
+  ``y ~ StudentT(nu = 4, mu = a + x @ b, sigma)``.
 
 Timing. Every peer runs its chains one after the other on the CPU; ``seconds``
 is wall time of sampling with tuning, compilation excluded, and
@@ -46,10 +47,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-TRUE_A = 0.2
-TRUE_BETA = np.array([0.8, -0.5, 0.3, 0.0])
+from support.models import COEFS, logistic_data, logistic_model, studentt_data, studentt_model
+
 PEERS = ("numpyro_nuts", "numpyro_hmcecs", "nutpie")
-COEFS = ("a", "b[0]", "b[1]", "b[2]", "b[3]")
 INSTALL = "pip install -e '.[peers]'"
 
 
@@ -105,108 +105,6 @@ class PeerResult:
     def ess_per_second(self) -> float:
         """Minimum bulk ESS per second of sampling (compilation excluded)."""
         return self.min_ess / self.seconds
-
-
-# ---------------------------------------------------------------------------- data
-
-
-def logistic_data(n_obs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Logistic-regression data, the same as ``benchmarks/racing_metropolis.py``.
-
-    Parameters
-    ----------
-    n_obs : int
-        Number of observations N.
-    seed : int
-        Seed of ``np.random.default_rng``.
-
-    Returns
-    -------
-    x : ndarray, shape (N, 4)
-        Standard normal design.
-    y : ndarray, shape (N,)
-        Bernoulli outcomes with ``logit_p = 0.2 + x @ [0.8, -0.5, 0.3, 0.0]``.
-    """
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n_obs, 4))
-    y = rng.binomial(1, 1 / (1 + np.exp(-(TRUE_A + x @ TRUE_BETA))))
-    return x, y
-
-
-def studentt_data(n_obs: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Robust-regression data: ``y = 0.2 + x @ beta + 0.5 t_4`` noise.
-
-    Parameters
-    ----------
-    n_obs : int
-        Number of observations N.
-    seed : int
-        Seed of ``np.random.default_rng``.
-
-    Returns
-    -------
-    x : ndarray, shape (N, 4)
-        Standard normal design.
-    y : ndarray, shape (N,)
-        Outcomes with Student-t noise (4 degrees of freedom, scale 0.5).
-    """
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n_obs, 4))
-    y = TRUE_A + x @ TRUE_BETA + 0.5 * rng.standard_t(4, size=n_obs)
-    return x, y
-
-
-def logistic_pymc(x: np.ndarray, y: np.ndarray):
-    """Build the PyMC logistic model (for :func:`nutpie_sample` and our samplers).
-
-    Parameters
-    ----------
-    x : ndarray, shape (N, 4)
-        Design.
-    y : ndarray, shape (N,)
-        Outcomes in {0, 1}.
-
-    Returns
-    -------
-    pymc.Model
-        The model, with data ``x`` and ``y_data`` and free variables ``a``, ``b``.
-    """
-    import pymc as pm
-
-    with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y_data", y)
-        a = pm.Normal("a", 0, 3)
-        b = pm.Normal("b", 0, 3, shape=4)
-        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
-    return model
-
-
-def studentt_pymc(x: np.ndarray, y: np.ndarray):
-    """Build the PyMC robust-regression model.
-
-    Parameters
-    ----------
-    x : ndarray, shape (N, 4)
-        Design.
-    y : ndarray, shape (N,)
-        Outcomes.
-
-    Returns
-    -------
-    pymc.Model
-        The model, with free variables ``a``, ``b`` and ``sigma``.
-    """
-    import pymc as pm
-
-    with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y_data", y)
-        a = pm.Normal("a", 0, 3)
-        b = pm.Normal("b", 0, 3, shape=4)
-        sigma = pm.HalfNormal("sigma", 1)
-        pm.StudentT("y", nu=4, mu=a + x_data @ b, sigma=sigma, observed=y_data)
-    return model
 
 
 # ---------------------------------------------------------------------- availability
@@ -640,7 +538,7 @@ def nutpie_sample(
     Parameters
     ----------
     pymc_model : pymc.Model
-        The model, e.g. from :func:`logistic_pymc` or :func:`studentt_pymc`;
+        The model, e.g. from ``support.models.logistic_model``;
         its free variables must include ``a`` and ``b`` (shape 4).
     draws, tune, chains : int
         Kept draws and tuning draws per chain, and chains.
@@ -732,11 +630,11 @@ def main() -> None:
     common = dict(draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed)
     if args.model == "logistic":
         x, y = logistic_data(args.n)
-        nuts, hmcecs, pymc_model = logistic_numpyro_nuts, logistic_numpyro_hmcecs, logistic_pymc
+        nuts, hmcecs, pymc_model = logistic_numpyro_nuts, logistic_numpyro_hmcecs, logistic_model
         title = "Logistic regression, d = 5"
     else:
         x, y = studentt_data(args.n)
-        nuts, hmcecs, pymc_model = studentt_numpyro_nuts, studentt_numpyro_hmcecs, studentt_pymc
+        nuts, hmcecs, pymc_model = studentt_numpyro_nuts, studentt_numpyro_hmcecs, studentt_model
         title = "Student-t (nu = 4) regression, d = 5 and sigma"
     runs = {
         "numpyro_nuts": lambda: nuts(x, y, **common),

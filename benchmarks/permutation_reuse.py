@@ -28,7 +28,7 @@ import pytensor.tensor as pt
 from scipy import stats
 
 from pymc_subsample import SubsampledCategoricalGibbs
-from pymc_subsample.racing.synthetic import bandit_population, gumbel_race_errors
+from support.synthetic import bandit_population, gumbel_race_errors
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 OUT = OUT / "permutation_reuse.md"

@@ -4,7 +4,7 @@ Acceptance rate = accepted i.i.d. draws / evaluations of f. PRS: the initial
 phase included; its N = n^((2s+d)/(3s+d)) for budget n, s = 2, delta = 0.01;
 N/2 with refinement (``default_n_init``). Every sampler spends the budget n
 (PRS and simple rejection stop at the first call that reaches it). Targets
-(``pymc_subsample.prs.targets``):
+(``benchmarks/support/targets.py``):
 
 * Fig. 3: peakiness f ~ exp(-x)/(1+x)^a on [0, 10], a in {2, 5, 10, 15, 20},
   n in {1e5, 1e6};
@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from pymc_subsample.prs import PliableRejectionSampler, default_n_init
-from pymc_subsample.prs.baselines import AStarSampler, simple_rejection
-from pymc_subsample.prs.targets import clutter_target, peakiness_target, sine_target
+from support.baselines import AStarSampler, simple_rejection
+from support.targets import clutter_target, peakiness_target, sine_target
 
 ROOT = Path(__file__).resolve().parent.parent / "docs" / "results"
 PEAKS = (2, 5, 10, 15, 20)

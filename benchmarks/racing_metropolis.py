@@ -1,6 +1,6 @@
 """RacingMetropolis at its defaults against the samplers a user would pick instead.
 
-Models (``benchmarks/peers.py`` builds the data and the PyMC models): a logistic
+Models (``benchmarks/support/models.py`` builds the data and the PyMC models): a logistic
 regression with an intercept and four covariates at N in {1e5, 1e6, 1e7}, and a
 robust (Student-t, 4 degrees of freedom) regression at N = 1e6. Samplers, in
 the same run, chains one after the other:
@@ -45,11 +45,12 @@ import peers
 import pymc as pm
 
 from pymc_subsample import RacingMetropolis
+from support import models
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ROOT / "docs" / "results" / "tables"
 FIGURES = ROOT / "docs" / "results" / "figures"
-COEFS = ["a", "b[0]", "b[1]", "b[2]", "b[3]"]
+COEFS = list(models.COEFS)
 
 
 def summarise(idata, names):
@@ -142,8 +143,8 @@ def agreement(row, ref) -> float:
 
 def run(model_kind: str, n_obs: int) -> None:
     big = n_obs >= 10_000_000
-    data = peers.logistic_data if model_kind == "logistic" else peers.studentt_data
-    build = peers.logistic_pymc if model_kind == "logistic" else peers.studentt_pymc
+    data = models.logistic_data if model_kind == "logistic" else models.studentt_data
+    build = models.logistic_model if model_kind == "logistic" else models.studentt_model
     x, y = data(n_obs)
     model = build(x, y)
     names = ["a", "b"] + (["sigma"] if model_kind == "studentt" else [])

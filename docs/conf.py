@@ -1,6 +1,12 @@
 """Sphinx configuration for pymc-subsample."""
 
+import sys
+from pathlib import Path
+
 import pymc_subsample
+
+# the study support package (benchmarks/support, not installed) is documented too
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 project = "pymc-subsample"
 author = "pymc-subsample developers"

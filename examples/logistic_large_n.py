@@ -1,7 +1,8 @@
 """RacingMetropolis with control variates on a logistic regression of a million rows.
 
 Model: y ~ Bernoulli(logit^-1(a + X b)), X with 4 standard-normal covariates,
-N = 1,000,000 rows in pm.Data. The same model is sampled with NUTS and with
+N = 1,000,000 rows in pm.Data (``benchmarks/support/models.py``, the model of the
+benchmarks). The same model is sampled with NUTS and with
 RacingMetropolis with hand settings of an earlier release (a random walk on one
 coordinate at a time from scale 4/sqrt(N), tuned as pm.Metropolis does; the
 defaults are measured in ``benchmarks/racing_metropolis.py``). The script prints
@@ -15,6 +16,7 @@ writes ``docs/examples/logistic_marginals.png`` and ``docs/examples/logistic_tab
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -24,22 +26,16 @@ import pymc as pm
 
 from pymc_subsample import RacingMetropolis, compare_runs
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the study support package, not installed
+from support.models import logistic_data, logistic_model  # noqa: E402
+
 matplotlib.use("Agg")
-OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
+OUT = ROOT / "docs" / "examples"
 
 
 def build_model(n_obs: int, seed: int = 0) -> pm.Model:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n_obs, 4))
-    logit = 0.2 + x @ np.array([0.8, -0.5, 0.3, 0.0])
-    y = rng.binomial(1, 1 / (1 + np.exp(-logit)))
-    with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y_data", y)
-        a = pm.Normal("a", 0, 3)
-        b = pm.Normal("b", 0, 3, shape=4)
-        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
-    return model
+    return logistic_model(*logistic_data(n_obs, seed))
 
 
 def main():

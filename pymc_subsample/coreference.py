@@ -251,8 +251,8 @@ def mention_pair_features(mentions: Mentions, i: int, js) -> np.ndarray:
     the letters differ); whether either first name is an initial; middle
     initials (+1 equal, −1 different, 0 if one is missing); Jaro–Winkler of
     the last names and of the affiliations; Jaccard overlap of the topic
-    words; year gap / 10. Costs a few microseconds per pair, like the string
-    features of Singh et al. (2012).
+    words; year gap / 10. Cheap per pair, like the string features of Singh
+    et al. (2012).
 
     Parameters
     ----------

@@ -130,7 +130,7 @@ class ObservationTerms:
         per-observation data input (memory: one more copy of them), so that
         :meth:`loglik_batch` reads contiguous slices; :meth:`shuffle` redraws
         the permutation. ``"random"`` keeps no copy: batches are gathers of
-        rows (10–50 times dearer per term for cheap terms), for data that do
+        rows (much dearer per term for cheap terms; see the results pages), for data that do
         not fit twice in memory.
 
     Attributes
@@ -270,7 +270,7 @@ class ObservationTerms:
             point_fn=False,
             **compile_kwargs,
         )
-        self._subset_fn.trust_input = True  # inputs are coerced before the call: ~10 µs less
+        self._subset_fn.trust_input = True  # inputs are coerced before the call
         self._window_fn = None
         if self._permuted:
             self._window_fn = model.compile_fn(

@@ -7,6 +7,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import RacingMetropolis
+from support.models import logistic_data, logistic_model
 
 # race on the whole schedule (the default exact_fraction would go exact at once for
 # these small, cheap models); a small delta and a large first batch remove the bias
@@ -88,17 +89,9 @@ def test_elementwise_random_walk_matches_nuts(linear):
 
 @pytest.fixture(scope="module")
 def logistic():
-    rng = np.random.default_rng(3)
-    n_obs = 20_000
-    x = rng.normal(size=(n_obs, 2))
-    p = 1 / (1 + np.exp(-(0.3 + x @ np.array([1.0, -0.5]))))
-    y = rng.binomial(1, p)
-    with pm.Model() as model:
-        x_data = pm.Data("x", x)
-        y_data = pm.Data("y_data", y)
-        b = pm.Normal("b", 0, 3, shape=2)
-        a = pm.Normal("a", 0, 3)
-        pm.Bernoulli("y", logit_p=a + x_data @ b, observed=y_data)
+    x, y = logistic_data(20_000, seed=3, a=0.3, beta=np.array([1.0, -0.5]))
+    model = logistic_model(x, y)
+    with model:
         nuts = pm.sample(
             500,
             tune=500,

@@ -14,8 +14,8 @@ import pytest
 from scipy import integrate, stats
 
 from pymc_subsample.prs import PliableRejectionSampler, ProductProposal, default_n_init
-from pymc_subsample.prs.baselines import AStarSampler, simple_rejection
-from pymc_subsample.prs.targets import clutter_target, peakiness_target, sine_target
+from support.baselines import AStarSampler, simple_rejection
+from support.targets import clutter_target, peakiness_target, sine_target
 
 P_MIN = 1e-3
 

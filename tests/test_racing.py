@@ -12,7 +12,7 @@ from pymc_subsample.racing import (
     sample_categorical,
     union_threshold,
 )
-from pymc_subsample.racing.synthetic import (
+from support.synthetic import (
     bandit_population,
     gumbel_race_errors,
     rare_event_population,

@@ -75,7 +75,8 @@ LOG_LINEAR_MAX_FLOATS = 20_000_000
 
 #: The log-linear bandwidth search starts at :math:`h_0 2^{-1}`: its bias at a mode,
 #: :math:`\tfrac12 h^2 \partial^2 \log f`, is missed by the leave-one-out check between
-#: design points (at :math:`h_0` the 2-D clutter envelope fell 1.5 times below a mode).
+#: design points (at :math:`h_0` the 2-D clutter envelope fell below a mode; see the
+#: results pages).
 LOG_LINEAR_FIRST = 1
 
 #: The fitted envelope must exceed every held-out value by this factor: the target
@@ -83,8 +84,8 @@ LOG_LINEAR_FIRST = 1
 COVER_MARGIN = 1.02
 
 #: :math:`H_C` of the floor :math:`r \ge H_C \bar f \rho_T` of a data-driven envelope, in
-#: units of the mean target value (measured: 1.0 costs 3-8 points of acceptance on
-#: Erraqabi et al.'s (2016) targets, 0.3 and 0.1 gave no more violations).
+#: units of the mean target value (a larger floor costs acceptance on Erraqabi et al.'s
+#: (2016) targets, smaller ones gave no more violations; see the results pages).
 FLOOR_SCALE = 0.3
 
 #: A cell or tail raised after a violation at :math:`x` is set to this multiple of :math:`f(x)`.

@@ -146,10 +146,10 @@ def build_envelope(
     paper leaves open) only a quarter of the ``n_init`` points are laid out so;
     a first envelope fitted to them proposes the other three quarters
     (:math:`q_i = E_1/\int E_1`, no accept step), which therefore land where
-    the mass is, and the envelope is fitted to all ``n_init``. On the
-    clutter posterior in 2-D, whose modes cover about 1% of the box, this puts
-    thousands of points in the modes instead of tens. ``"uniform"`` is Alg. 1's
-    single stage.
+    the mass is, and the envelope is fitted to all ``n_init``. On a target
+    whose modes cover a small part of the box (the clutter posterior in 2-D)
+    this puts far more points in the modes (see the results pages).
+    ``"uniform"`` is Alg. 1's single stage.
 
     Parameters
     ----------

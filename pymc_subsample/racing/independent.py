@@ -214,14 +214,14 @@ def race_independent(
         :math:`t_{T_i-1}^{-1}(1 - \delta/(D K_i'))` with the unbiased standard
         deviation (union bound over arm :math:`i`'s :math:`K_i'` looks before
         :math:`N_i`). The App. C.3 schedule looks first at 3 draws, where the
-        normal quantile is far too small: on a hard race (measured in the
-        tests) it gave an error rate near 0.09 at :math:`\delta = 0.05`.
+        normal quantile is far too small: on a hard race its error rate
+        exceeds :math:`\delta` (see the tests and the results pages).
         ``"normal"``: :math:`\Phi^{-1}(1 - \delta/(D K_i'))`, the paper's
         Racing-Normal with a union bound over looks. ``"joint"``: the normal
         threshold from the joint Gaussian law of the looks
         (:func:`~pymc_subsample.racing.bounds.normal_threshold` at
-        :math:`\delta/D`), at most 2% below ``"normal"`` on the
-        :func:`cluster_schedule` looks but about 0.1 s to solve per new
+        :math:`\delta/D`), barely below ``"normal"`` on the
+        :func:`cluster_schedule` looks but solved numerically for every new
         ``(schedule, N_i, D)``, too slow when cluster sizes change at every
         Gibbs step.
 

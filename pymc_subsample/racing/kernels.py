@@ -13,8 +13,8 @@ statistics the bound needs, all at cost :math:`O(S m)`:
   more than evaluating the rewards;
 * marginal: each arm's centred sum of squares.
 
-Each look is one compiled call, so its bookkeeping costs a few microseconds
-besides the reward evaluation.
+Each look is one compiled call, so its bookkeeping costs little besides the
+reward evaluation (see the results pages).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 r"""Baselines of Erraqabi et al.'s (2016) experiments: simple rejection and A* sampling.
 
-Both sample :math:`f = q\,e^{o}` of a :class:`~pymc_subsample.prs.targets.Target`
+Both sample :math:`f = q\,e^{o}` of a :class:`~support.targets.Target`
 and count evaluations of :math:`f` (one per evaluation of :math:`o`).
 """
 

@@ -146,7 +146,7 @@ def gumbel_race_errors(
     evaluations : numpy.ndarray
         Rewards drawn by each race.
     """
-    from .gumbel import sample_categorical
+    from pymc_subsample.racing import sample_categorical
 
     n_arms, n_obs = table.shape
 
@@ -154,7 +154,7 @@ def gumbel_race_errors(
         return table[np.ix_(arms, idx)]
 
     if shuffle_every is not None:
-        from .race import RaceConfig
+        from pymc_subsample.racing import RaceConfig
 
         config = RaceConfig(batches="windows", **race_kwargs)
         race_kwargs = {"config": config}
