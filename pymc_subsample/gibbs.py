@@ -76,9 +76,12 @@ class SubsampledCategoricalGibbs(RacingStep):
     data : list of pm.Data, optional
         The per-observation data inputs; guessed when omitted
         (:class:`~pymc_subsample.graph.ObservationTerms`).
-    audit_every : int
+    audit_every : int or "auto"
         Every ``audit_every``-th draw also computes the exact decision for the
         same Gumbel noise and records ``audit_agree``; 0 turns audits off.
+        ``"auto"`` (default) audits within a budget of 5% of the sampling time
+        (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
+        the audited error rate is significantly above ``delta``.
     reward_range : float, optional
         A bound on the range of :math:`\log f_n(i)` over observations, used by
         ``"ebs"`` and ``"lilucb"`` and as Racing-Normal's rare-event floor.
@@ -161,7 +164,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         batch_size: int | str = "auto",
         variance: str = "pairwise",
         data=None,
-        audit_every: int = 0,
+        audit_every: int | str = "auto",
         reward_range: float | None = None,
         exact_fraction: float | str = "auto",
         batches: str = "windows",
@@ -332,7 +335,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                         **self._race_kwargs(),
                     )
                     if audit:
-                        exact, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
+                        with self._audit_clock():
+                            exact, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
                         self._record_audit(exact == value)
                         agree &= exact == value
                 flat[k] = value

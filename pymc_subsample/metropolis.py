@@ -86,9 +86,12 @@ class RacingMetropolis(RacingStep):
         Draws between scale updates during tuning (``"normal"``, ``"langevin"``).
     data : list of pm.Data, optional
         The per-observation data inputs (guessed when omitted).
-    audit_every : int
+    audit_every : int or "auto"
         Every ``audit_every``-th draw also makes the exact decisions for the same
-        proposals and :math:`u`.
+        proposals and :math:`u` (0: never). ``"auto"`` (default) audits within a
+        budget of 5% of the sampling time
+        (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
+        the audited error rate is significantly above ``delta``.
     reward_range : float, optional
         Bound on the range of the raced rewards (see
         :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
@@ -153,7 +156,7 @@ class RacingMetropolis(RacingStep):
         path_length: float = 1.5,
         tune_interval: int = 100,
         data=None,
-        audit_every: int = 0,
+        audit_every: int | str = "auto",
         reward_range: float | None = None,
         exact_fraction: float | str = 0.25,
         control_variates: bool = True,
@@ -258,6 +261,17 @@ class RacingMetropolis(RacingStep):
     def _reset_interval(self) -> None:
         self.steps_until_tune = self.tune_interval
         self.accepted_sum = np.zeros(self.dim if self.elemwise else 1, dtype=int)
+
+    def data_changed(self) -> None:
+        """Take up new data set with ``pm.set_data`` (same :math:`N`): refit the surrogate.
+
+        The surrogate and mass matrix were fitted to the old data; they are
+        dropped and refitted at the next step.
+        """
+        super().data_changed()
+        self.surrogate = None
+        self._surrogate_failed = False
+        self._chol_mass = self._inv_mass = self._chol_cov = None
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
@@ -610,7 +624,8 @@ class RacingMetropolis(RacingStep):
         log["n_evals"] += spent[0]
         log["exhausted"] |= res.exhausted
         if audit and config is not None:
-            exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, sums)
+            with self._audit_clock():
+                exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, sums)
             agree = exact.winner == res.winner
             self._record_audit(agree)
             log["audited"] += 1

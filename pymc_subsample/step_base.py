@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 import warnings
+from contextlib import contextmanager
 
 import numpy as np
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
@@ -15,7 +17,14 @@ from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
 
-__all__ = ["AUDIT_AGREE", "AUDIT_DISAGREE", "AUDIT_NOT_RUN", "RacingStep", "RacingStepState"]
+__all__ = [
+    "AUDIT_AGREE",
+    "AUDIT_BUDGET",
+    "AUDIT_DISAGREE",
+    "AUDIT_NOT_RUN",
+    "RacingStep",
+    "RacingStepState",
+]
 
 #: ``audit_agree`` value of a draw that was not audited.
 AUDIT_NOT_RUN = -1
@@ -23,6 +32,8 @@ AUDIT_NOT_RUN = -1
 AUDIT_AGREE = 1
 #: ``audit_agree`` value of an audited draw whose race decided differently.
 AUDIT_DISAGREE = 0
+#: Share of the sampling time that audits may take with ``audit_every="auto"`` (the default).
+AUDIT_BUDGET = 0.05
 
 
 @dataclass_state
@@ -33,7 +44,7 @@ class RacingStepState(StepMethodState):
 
 
 class RacingStep(BlockedStep):
-    """Base class of the racing steps: settings, model terms, rng, batches, audits.
+    r"""Base class of the racing steps: settings, model terms, rng, batches, audits.
 
     Subclasses set ``name`` and ``stats_dtypes_shapes``, call this
     ``__init__`` and then :meth:`_set_exact_switch`, and implement ``step``.
@@ -44,8 +55,25 @@ class RacingStep(BlockedStep):
         The block.
     delta, bound, batch_size, variance, reward_range
         Race settings (:class:`~pymc_subsample.racing.RaceConfig`).
-    audit_every : int
+    audit_every : int or "auto"
         Every ``audit_every``-th draw also makes the exact decisions (0: never).
+        ``"auto"`` (the steps' default) audits by a time budget: a draw is
+        audited when the time spent in audits so far is at most
+        :data:`AUDIT_BUDGET` (5%) of the wall-clock time since the chain's
+        first draw,
+
+        .. math:: \text{audit draw } t \iff S_{\text{audit}}(t) \le 0.05\, S(t),
+
+        with :math:`S(t)` the time between the chain's first draw and the start
+        of draw :math:`t` (every step of a compound step and PyMC's own work
+        included) and :math:`S_{\text{audit}}(t)` the time of the exact passes
+        of the audits before it (each charged at most three times the fastest
+        one, so that a one-off stall does not stop the audits). An audit costs
+        one exact pass over the :math:`N` observations, so audits are frequent
+        when a race costs about as much as an exact decision and rare when it
+        costs much less; either
+        way they take about 5% of the sampling time. Audits read no random
+        numbers: they change the ``audit_agree`` stats, never the draws.
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
     batches : {"windows", "random"}
@@ -66,7 +94,7 @@ class RacingStep(BlockedStep):
         bound: str,
         batch_size: int,
         variance: str,
-        audit_every: int,
+        audit_every: int | str,
         reward_range: float | None,
         data,
         batches: str,
@@ -85,11 +113,20 @@ class RacingStep(BlockedStep):
         self.bound = bound
         self.batch_size = None if auto_batch else int(batch_size)
         self.variance = variance
-        if int(audit_every) != audit_every or audit_every < 0:
+        if isinstance(audit_every, str):
+            if audit_every != "auto":
+                raise ValueError(
+                    f"audit_every must be 'auto' or an integer >= 0 (0 turns audits off), "
+                    f"got {audit_every!r}"
+                )
+        elif int(audit_every) != audit_every or audit_every < 0:
             raise ValueError(
-                f"audit_every must be an integer >= 0 (0 turns audits off), got {audit_every!r}"
+                f"audit_every must be 'auto' or an integer >= 0 (0 turns audits off), "
+                f"got {audit_every!r}"
             )
-        self.audit_every = int(audit_every)
+        else:
+            audit_every = int(audit_every)
+        self.audit_every = audit_every
         if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
             raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
         self.reward_range = reward_range
@@ -205,6 +242,17 @@ class RacingStep(BlockedStep):
         self._reset_audits()
         self._shuffle()
 
+    def data_changed(self) -> None:
+        """Take up new values of the per-observation data set with ``pm.set_data``.
+
+        Call it between runs after changing the values (not the number
+        :math:`N`) of the step's data inputs, e.g. to sample the same model for
+        many data sets without recompiling. The permuted copies behind
+        ``batches="windows"`` are refreshed here (as at the start of every
+        chain); subclasses also drop what they fitted to the old data.
+        """
+        self._shuffle()
+
     def _shuffle(self) -> None:
         self.terms.shuffle(self.rng)
         self._since_shuffle = 0
@@ -216,6 +264,12 @@ class RacingStep(BlockedStep):
         if self._since_shuffle > self.shuffle_every:
             self._shuffle()
             self._since_shuffle = 1
+        now = time.perf_counter()
+        if self._last_draw_start is not None:
+            self._run_seconds += now - self._last_draw_start
+        self._last_draw_start = now
+        if self.audit_every == "auto":
+            return self._audit_seconds <= AUDIT_BUDGET * self._run_seconds
         return self.audit_every > 0 and self.n_steps % self.audit_every == 0
 
     # -- audits ----------------------------------------------------------------------
@@ -224,6 +278,28 @@ class RacingStep(BlockedStep):
         self.n_audits = 0
         self.n_disagreements = 0
         self._warned = False
+        self._run_seconds = 0.0  # since the chain's first draw
+        self._audit_seconds = 0.0  # in the audits' exact passes
+        self._last_draw_start = None
+        self._fastest_audit = np.inf
+
+    @property
+    def audit_time_fraction(self) -> float:
+        """Share of this chain's sampling time spent in audits so far (0 before two draws)."""
+        return self._audit_seconds / self._run_seconds if self._run_seconds > 0 else 0.0
+
+    @contextmanager
+    def _audit_clock(self):
+        """Time an audit's exact pass (the ``"auto"`` rule of ``audit_every`` reads it)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            # a one-off stall (a first call, garbage collection) is charged at most three
+            # times the fastest audit, so that it does not stop the audits for long
+            seconds = time.perf_counter() - start
+            self._fastest_audit = min(self._fastest_audit, seconds)
+            self._audit_seconds += min(seconds, 3.0 * self._fastest_audit)
 
     def _record_audit(self, agree: bool) -> None:
         """Count an audited decision; warn once when the error rate clearly exceeds delta."""
@@ -234,10 +310,12 @@ class RacingStep(BlockedStep):
             self._warned = True
             warnings.warn(
                 f"{type(self).__name__}: {k} of {n} audited decisions differed from the exact "
-                f"ones, significantly more than delta={self.delta:g}. The normal approximation "
-                "fails on these likelihood terms (heavy tails or rare large terms): increase "
-                "batch_size (e.g. 500), use variance='marginal', pass reward_range, or use "
-                "bound='ebs' with reward_range",
+                f"ones, significantly more than delta={self.delta:g}: the draws are not "
+                "within delta of exact ones. The normal approximation fails on these "
+                "likelihood terms (heavy tails or rare large terms). Change a setting of this "
+                "step: a larger batch_size (e.g. batch_size=500), bound='ebs' with "
+                "reward_range=<a bound on the terms' range>, or bound='exact' for exact "
+                "draws (a smaller delta helps only a little when the bound's assumption fails)",
                 UserWarning,
                 stacklevel=3,
             )

@@ -107,7 +107,8 @@ def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
     assert st[0]["n_evals"] >= 1
 
 
-def test_switch_among_likelihood_families():
+def family_selector():
+    """Normal vs Student-t vs Laplace likelihood for Student-t data (heavy-tailed differences)."""
     rng = np.random.default_rng(2)
     n_obs = 1500
     y = rng.standard_t(5, size=n_obs) * 1.2
@@ -122,6 +123,12 @@ def test_switch_among_likelihood_families():
         y_data = pm.Data("y_data", y)
         q = pm.Categorical("q", p=np.ones(3) / 3)
         pm.CustomDist("y", q, logp=family_logp, observed=y_data)
+    return model, q
+
+
+def test_switch_among_likelihood_families():
+    model, q = family_selector()
+    with model:
         # the log-likelihood ratio of Student-t to Normal is small on most observations and
         # large on a few outliers: a first batch of 50 often misses them
         naive = SubsampledCategoricalGibbs([q], rng=3, delta=0.01, audit_every=1, **RACE)
@@ -135,6 +142,24 @@ def test_switch_among_likelihood_families():
     assert np.mean([s["audit_agree"] == 0 for s in st]) > 0.03  # ... and the audit reports it
     draws, _ = draw_many(robust, point, 400, "q")
     assert_matches(draws, probs, 3)
+
+
+def test_default_audits_warn_on_heavy_tailed_terms():
+    """Audits are on by default: the same failing race warns without ``audit_every``.
+
+    The default budget audits a few percent of the sampling time; the warning
+    names the settings to change.
+    """
+    model, q = family_selector()
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=3, delta=0.01, **RACE)
+    assert step.audit_every == "auto"
+    with pytest.warns(UserWarning, match="audited decisions differed") as record:
+        _, st = draw_many(step, model.initial_point(), 1000, "q")
+    message = str(next(w.message for w in record if "audited" in str(w.message)))
+    assert "bound='exact'" in message and "batch_size" in message
+    audited = sum(s["audit_agree"] >= 0 for s in st)
+    assert 30 < audited < 1000
 
 
 def test_logistic_regression_with_discrete_hyperparameter():
