@@ -54,7 +54,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 from pymc.blocking import DictToArrayBijection, RaveledVars
-from pymc.distributions.transforms import log_exp_m1
+from pymc.logprob.transforms import Transform
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
@@ -66,6 +66,7 @@ Q_MAX = max(Q_GRID)
 N_RETURNS = 13_000
 A0_SD, A_SD, NU_RATE = 1.0, 0.2, 0.1
 PRECISION_FLOOR = 4.0  # pseudoprior sd <= 0.5 in z
+SCALE = 0.01  # of the scaled softplus transform
 
 
 # -- data ----------------------------------------------------------------------------
@@ -102,14 +103,43 @@ def lagged_squares(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # -- models --------------------------------------------------------------------------
 
 
+class ScaledSoftplus(Transform):
+    r"""Positive parameters as :math:`\alpha = c\,\mathrm{softplus}(z/c)`, :math:`c` = ``SCALE``.
+
+    Linear (:math:`\alpha \approx z`) wherever :math:`\alpha \gg c`: over the
+    posterior bulk of these coefficients the log posterior in :math:`z` is then as
+    close to Gaussian as in :math:`\alpha`, which the Laplace pseudopriors and the
+    samplers' Taylor expansions need; a plain softplus or log would stretch the
+    small coefficients' left tails.
+    """
+
+    name = "scaled_softplus"
+    ndim_supp = 0
+
+    def backward(self, value, *inputs):
+        r""":math:`\alpha = c\,\mathrm{softplus}(z/c)`."""
+        return SCALE * pt.softplus(value / SCALE)
+
+    def forward(self, value, *inputs):
+        r""":math:`z = \alpha + c \log(1 - e^{-\alpha/c})`."""
+        return value + SCALE * pt.log1mexp(-value / SCALE)
+
+    def log_jac_det(self, value, *inputs):
+        r""":math:`\log \sigma(z/c)`."""
+        return -pt.softplus(-value / SCALE)
+
+
+SCALED_SOFTPLUS = ScaledSoftplus()
+
+
 def _parameters(q: int) -> dict:
     """Free variables of the ARCH(q) model, softplus-transformed."""
     return {
-        "a0": pm.HalfNormal(f"a0_{q}", A0_SD, default_transform=log_exp_m1, initval=0.5),
+        "a0": pm.HalfNormal(f"a0_{q}", A0_SD, default_transform=SCALED_SOFTPLUS, initval=0.5),
         "a": pm.HalfNormal(
-            f"a_{q}", A_SD, shape=q, default_transform=log_exp_m1, initval=np.full(q, 0.05)
+            f"a_{q}", A_SD, shape=q, default_transform=SCALED_SOFTPLUS, initval=np.full(q, 0.05)
         ),
-        "nu_m2": pm.Exponential(f"nu_m2_{q}", NU_RATE, default_transform=log_exp_m1),
+        "nu_m2": pm.Exponential(f"nu_m2_{q}", NU_RATE, default_transform=SCALED_SOFTPLUS),
     }
 
 
@@ -130,7 +160,7 @@ def _log_prior_z(p: dict, z: list) -> pt.TensorVariable:
     lp = -0.5 * (a0 / A0_SD) ** 2 - 0.5 * ((a / A_SD) ** 2).sum() - NU_RATE * nu
     lp += np.log(2 / (np.pi * A0_SD**2)) / 2 + a.shape[0] * np.log(2 / (np.pi * A_SD**2)) / 2
     lp += np.log(NU_RATE)
-    return lp - sum(pt.softplus(-zi).sum() for zi in z)  # log sigmoid(z): the Jacobian
+    return lp + sum(SCALED_SOFTPLUS.log_jac_det(zi).sum() for zi in z)
 
 
 def product_space_model(
@@ -145,7 +175,7 @@ def product_space_model(
         a0s, rows, nus, switch = [], [], [], []
         for j, order in enumerate(Q_GRID):
             p = _parameters(order)
-            z = [pt.log(pt.expm1(p[k])) for k in ("a0", "a", "nu_m2")]
+            z = [SCALED_SOFTPLUS.forward(p[k]) for k in ("a0", "a", "nu_m2")]
             flat = pt.concatenate([z[0][None], z[1], z[2][None]])
             diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (flat - pseudo[j]["mean"])
             log_pseudo = -0.5 * (diff**2).sum() + pseudo[j]["log_norm"]
@@ -162,7 +192,7 @@ def product_space_model(
 
 def value_names(order: int) -> list[str]:
     """Value-variable names of the ARCH(order) parameters, in the pseudoprior's order."""
-    return [f"{k}_{order}_log_exp_m1__" for k in ("a0", "a", "nu_m2")]
+    return [f"{k}_{order}_scaled_softplus__" for k in ("a0", "a", "nu_m2")]
 
 
 def fit_pseudopriors(r: np.ndarray, lags: np.ndarray) -> list[dict]:
@@ -384,7 +414,7 @@ def main():
 
     # every chain starts at each model's mode (the pseudoprior means, found above)
     start = {
-        n.removesuffix("_log_exp_m1__"): np.logaddexp(0.0, v)
+        n.removesuffix("_scaled_softplus__"): SCALE * np.logaddexp(0.0, v / SCALE)
         for n, v in reference_point(pseudo).items()
     }
     runs = {}

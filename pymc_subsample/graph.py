@@ -238,6 +238,7 @@ class ObservationTerms:
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
         self._expansion_fns = None
+        self._taylor_fns = None
         self._f0_grad_fn = None
         self._cands = [
             pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
@@ -401,11 +402,14 @@ class ObservationTerms:
     def _exact_arrays(self, candidates, point) -> list:
         """Return the inputs as ndarrays of the compiled dtypes."""
         cands = [np.asarray(c, dtype=d) for c, d in zip(candidates, self._cand_dtypes, strict=True)]
-        others = [
+        return cands, self._other_arrays(point)
+
+    def _other_arrays(self, point) -> list:
+        """Return the other inputs' values as ndarrays of the compiled dtypes."""
+        return [
             np.asarray(point[n], dtype=d)
             for n, d in zip(self._input_names, self._input_dtypes, strict=True)
         ]
-        return cands, others
 
     def shuffle(self, rng: np.random.Generator) -> None:
         """Redraw the row permutation behind :meth:`loglik_batch` (one pass over the data).
@@ -650,6 +654,139 @@ class ObservationTerms:
             for g, o in zip(grads, out[1:], strict=True):
                 g[k] = o
         return values, grads
+
+    # -- second-order Taylor expansion in the block (control variates of MH races) ----
+
+    def _compile_taylor(self, shapes: Sequence[tuple]) -> None:
+        r"""Compile the Taylor residuals and the exact sums, in the flat block coordinates."""
+        theta = pt.dvector("theta")
+        ref = pt.dvector("theta_reference")
+        direction = pt.dvector("direction")
+        sizes = [int(np.prod(s, dtype=int)) for s in shapes]
+        bounds = np.cumsum([0, *sizes])
+
+        def unflatten(flat):
+            return {
+                v: flat[a:b].reshape(shape).astype(v.dtype)
+                for v, a, b, shape in zip(self.vars, bounds[:-1], bounds[1:], shapes, strict=True)
+            }
+
+        def residual(graph):
+            at_ref = graph_replace(graph, unflatten(ref), strict=False)
+            first = pytensor.gradient.pushforward(at_ref, ref, direction)
+            second = pytensor.gradient.pushforward(first, ref, direction)
+            taylor = at_ref + first + 0.5 * second
+            res = graph_replace(graph, unflatten(theta), strict=False) - taylor
+            res = graph_replace(res, {direction: theta - ref}, strict=False)
+            return vectorize_graph(res, replace={theta: self._flat_cands})
+
+        self._flat_cands = pt.dmatrix("theta_candidates")
+        kw = self._compile_kwargs
+        idx_var, subset, _ = self._graphs
+        gather = self._model.compile_fn(
+            residual(subset), inputs=[self._flat_cands, ref, idx_var, *self.inputs],
+            point_fn=False, **kw,
+        )  # fmt: skip
+        window = None
+        if self._window_graph is not None:
+            start, stop, win = self._window_graph
+            window = self._model.compile_fn(
+                residual(win), inputs=[self._flat_cands, ref, start, stop, *self.inputs],
+                point_fn=False, **kw,
+            )  # fmt: skip
+            total = graph_replace(win, unflatten(ref), strict=False).sum()
+            sum_inputs = [ref, start, stop, *self.inputs]
+        else:
+            total = graph_replace(self._loglik, unflatten(ref), strict=False).sum()
+            sum_inputs = [ref, *self.inputs]
+        grad = pytensor.grad(total, ref)
+        hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
+        sums = self._model.compile_fn([total, grad, hess], inputs=sum_inputs, point_fn=False, **kw)
+        self._taylor_fns = (gather, window, sums)
+
+    def taylor_residual_batch(
+        self,
+        thetas: np.ndarray,
+        reference: np.ndarray,
+        positions: slice | np.ndarray,
+        point: dict,
+        shapes: Sequence[tuple],
+    ) -> np.ndarray:
+        r"""Residuals of the second-order Taylor expansion of the terms in the block.
+
+        For flat block values :math:`\theta_k` and reference :math:`\hat\theta`,
+        :math:`\Delta_k = \theta_k - \hat\theta`:
+
+        .. math:: r_n(\theta_k) = \log f_n(\theta_k) - \log f_n(\hat\theta)
+                  - D\log f_n(\hat\theta)[\Delta_k]
+                  - \tfrac12 D^2 \log f_n(\hat\theta)[\Delta_k, \Delta_k],
+
+        the directional derivatives computed exactly on the batch (forward
+        mode, twice), so nothing per observation is stored and the cost does
+        not grow with the block's dimension :math:`d` (Bardenet, Doucet &
+        Holmes 2017; Cornish et al. 2019). Observations as in
+        :meth:`loglik_batch`; the sum over all :math:`N` of the expansion is
+        :meth:`taylor_sums`'s :math:`L + g^\top\Delta + \Delta^\top H \Delta/2`.
+
+        Parameters
+        ----------
+        thetas : numpy.ndarray
+            Flat block values, shape ``(K, d)`` (variables in block order, raveled).
+        reference : numpy.ndarray
+            :math:`\hat\theta`, shape ``(d,)``.
+        positions : slice or numpy.ndarray
+            Positions in the current row permutation (see :meth:`loglik_batch`).
+        point : dict
+            Values of the other value variables.
+        shapes : sequence of tuple
+            Shapes of the block's variables.
+
+        Returns
+        -------
+        numpy.ndarray
+            Shape ``(K, n)``.
+        """
+        if self._taylor_fns is None:
+            self._compile_taylor(shapes)
+        gather, window, _ = self._taylor_fns
+        others = self._other_arrays(point)
+        thetas = np.asarray(thetas, dtype=np.float64)
+        reference = np.asarray(reference, dtype=np.float64)
+        if isinstance(positions, slice) and window is not None:
+            start = np.asarray(positions.start, dtype=np.int64)
+            stop = np.asarray(positions.stop, dtype=np.int64)
+            return window(thetas, reference, start, stop, *others)
+        rows = np.asarray(self._perm[positions], dtype=np.int64)
+        return gather(thetas, reference, rows, *others)
+
+    def taylor_sums(
+        self, reference: np.ndarray, point: dict, shapes: Sequence[tuple], window: int | None = None
+    ) -> tuple[float, np.ndarray, np.ndarray]:
+        r"""Value, gradient and Hessian of :math:`\sum_n \log f_n` at the flat ``reference``.
+
+        Exact (reverse mode), over all :math:`N` observations, or over the
+        first ``window`` positions of the row permutation (a uniformly random
+        subset) scaled by :math:`N/\mathrm{window}`.
+
+        Returns
+        -------
+        tuple
+            ``(L, g, H)``: a float, shape ``(d,)``, shape ``(d, d)``.
+        """
+        if self._taylor_fns is None:
+            self._compile_taylor(shapes)
+        _, win_fn, sums = self._taylor_fns
+        others = self._other_arrays(point)
+        reference = np.asarray(reference, dtype=np.float64)
+        scale = 1.0
+        if win_fn is not None:
+            stop = self.n_obs if window is None else min(window, self.n_obs)
+            scale = self.n_obs / stop
+            bounds = (np.asarray(0, dtype=np.int64), np.asarray(stop, dtype=np.int64))
+            value, grad, hess = sums(reference, *bounds, *others)
+        else:
+            value, grad, hess = sums(reference, *others)
+        return float(value) * scale, np.asarray(grad) * scale, np.asarray(hess) * scale
 
     def log_f0_grad(self, values: Sequence[np.ndarray], point: dict) -> list[np.ndarray]:
         r"""Gradient of :math:`\log f_0` (prior, Jacobian, other blanket terms); no data read.

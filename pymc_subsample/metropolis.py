@@ -6,7 +6,9 @@ l_n(\theta)) + c`, with :math:`c` the proposal's part of the log ratio. The sum 
 decided by a two-arm race (Chen & Ghahramani 2016, Sec. 4;
 :func:`~pymc_subsample.racing.mh_test`) on the residuals :math:`l_n - h_n` of a
 second-order Taylor control variate :math:`h_n` around a reference point
-(:class:`~pymc_subsample.surrogate.QuadraticSurrogate`; Bardenet, Doucet &
+(a finite-difference stencil, :class:`~pymc_subsample.surrogate.QuadraticSurrogate`,
+for blocks of up to 12 coordinates; above, exact derivatives of the graph,
+:class:`~pymc_subsample.surrogate.TaylorSurrogate`; Bardenet, Doucet &
 Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
 the offsets. The same surrogate drives the default proposal: a Hamiltonian
 trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
@@ -23,13 +25,13 @@ from .graph import continuous_value_vars
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
-from .surrogate import QuadraticSurrogate, stencil_points
+from .surrogate import QuadraticSurrogate, TaylorSurrogate, stencil_points
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
 
 #: Names accepted by ``proposal``.
 PROPOSALS = ("hmc", "normal", "langevin")
-_FULL_STENCIL_MAX_DIM = 12  # above: diagonal second differences only (K = 1 + 2d)
+_FULL_STENCIL_MAX_DIM = 12  # above: the exact Taylor expansion by automatic differentiation
 _TARGET_HMC = 0.8
 
 
@@ -213,6 +215,8 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         self.dim = sum(self._sizes)
+        # above the full stencil's size, the expansion comes from automatic differentiation
+        self._autodiff = self.dim > _FULL_STENCIL_MAX_DIM
         n_obs = self.terms.n_obs
         self._plan_races(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
@@ -249,13 +253,14 @@ class RacingMetropolis(RacingStep):
         Laplace approximation.
         """
         if not hasattr(self, "surrogate"):
-            self.surrogate: QuadraticSurrogate | None = None
+            self.surrogate: QuadraticSurrogate | TaylorSurrogate | None = None
             self._surrogate_failed = False
             self._chol_mass = self._inv_mass = self._chol_cov = None
         self._started = False
         scale = self._initial_scaling()
         self.scaling = np.full(self.dim, scale) if self.elemwise else scale
         self._dual = _DualAveraging(np.log(scale)) if self.proposal == "hmc" else None
+        self._accept_sum, self._accept_n, self._integrator_accept = 0.0, 0, 1.0
         self._reset_interval()
 
     def _reset_interval(self) -> None:
@@ -283,10 +288,11 @@ class RacingMetropolis(RacingStep):
         super().stop_tuning()
         if self._dual is not None:
             self.scaling = float(np.exp(self._dual.log_bar))
-            if self._dual.n > 50 and self._dual.mean_accept < 0.3:
+            rate = self._accept_sum / max(self._accept_n, 1)
+            if self._accept_n > 50 and rate < 0.3:
                 warnings.warn(
                     f"RacingMetropolis: the surrogate proposal accepted "
-                    f"{self._dual.mean_accept:.0%} of its proposals during tuning; the quadratic "
+                    f"{rate:.0%} of its proposals during tuning; the quadratic "
                     "surrogate fits this posterior poorly (multimodal, heavy-tailed or strongly "
                     "non-Gaussian). Use proposal='normal', or NUTS for this block",
                     UserWarning,
@@ -341,11 +347,17 @@ class RacingMetropolis(RacingStep):
 
     def _surrogate_at(
         self, x, eps, point, window=None, full=None
-    ) -> tuple[QuadraticSurrogate, int]:
+    ) -> tuple[QuadraticSurrogate | TaylorSurrogate, int]:
+        n_obs = self.terms.n_obs
+        if self._autodiff:  # exact value, gradient and Hessian of the sum, in one pass
+            value, grad, hess = self.terms.taylor_sums(x, point, self._shapes, window)
+            if not (np.isfinite(value) and np.isfinite(hess).all()):
+                raise FloatingPointError("the log-likelihood is not finite at the reference")
+            cost = (self.dim + 1) * (n_obs if window is None else min(window, n_obs))
+            return TaylorSurrogate(x.copy(), value, grad, 0.5 * (hess + hess.T)), cost
         full = self.dim <= _FULL_STENCIL_MAX_DIM if full is None else full
         rows = stencil_points(x, eps, full)
         sums = self._sums(rows, point, window)
-        n_obs = self.terms.n_obs
         cost = len(rows) * (n_obs if window is None else min(window, n_obs))
         if not np.isfinite(sums).all():
             raise FloatingPointError("the log-likelihood terms are not finite on the stencil")
@@ -428,10 +440,13 @@ class RacingMetropolis(RacingStep):
         self._set_surrogate(sur, neg_h)
         return x, spent
 
-    def _set_surrogate(self, sur: QuadraticSurrogate, neg_hessian: np.ndarray) -> None:
+    def _set_surrogate(
+        self, sur: QuadraticSurrogate | TaylorSurrogate, neg_hessian: np.ndarray
+    ) -> None:
         """Keep the surrogate and the mass matrix :math:`M` (the negative Hessian) with factors."""
         self.surrogate = sur
-        self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
+        if isinstance(sur, QuadraticSurrogate):
+            self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
         self._inv_mass = np.linalg.inv(neg_hessian)
         self._chol_mass = np.linalg.cholesky(neg_hessian)
         self._chol_cov = np.linalg.cholesky(self._inv_mass)
@@ -494,10 +509,18 @@ class RacingMetropolis(RacingStep):
         for k in range(n_steps):
             theta = theta + eps * (inv_mass @ p)
             if not np.isfinite(theta).all():
+                self._integrator_accept = 0.0
                 return x, -np.inf
             g = grad(theta)
             p = p + (eps if k < n_steps - 1 else 0.5 * eps) * g
         kinetic1 = 0.5 * p @ inv_mass @ p
+        # the integrator's own energy error on the surrogate (no data read) tunes the step
+        # size; the surrogate's misfit, which no step size removes, is left to the race
+        ends = np.stack([x, theta])
+        log_f0 = self.terms.log_f0(self._candidates(ends), point)
+        energy = sur.total(ends) + log_f0
+        error = float(energy[1] - energy[0] + kinetic0 - kinetic1)
+        self._integrator_accept = min(1.0, float(np.exp(error))) if np.isfinite(error) else 0.0
         return theta, float(kinetic0 - kinetic1)
 
     def _gradient_fn(self, point):
@@ -604,6 +627,17 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values
 
+        elif isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
+            h_total = sur.total(pair)
+            exact_part += h_total[1] - h_total[0]
+
+            def rewards(arms, idx):
+                values = terms.taylor_residual_batch(
+                    pair[arms], sur.theta_ref, idx, point, self._shapes
+                )
+                spent[0] += 3 * values.size  # value, first and second derivative per arm
+                return values
+
         else:  # race on l_n - h_n; the exact sums of h_n join the exact part
             weights = sur.weights(pair)
             h_total = weights @ sur.sums
@@ -635,7 +669,9 @@ class RacingMetropolis(RacingStep):
     def _tune_step(self, accepted: np.ndarray, accept: np.ndarray) -> None:
         if self._dual is not None:  # hmc: dual averaging on the log step size
             rate = float(accept[0]) if np.isfinite(accept[0]) else 0.0
-            self.scaling = float(np.exp(self._dual.update(rate, _TARGET_HMC)))
+            self._accept_sum += rate
+            self._accept_n += 1
+            self.scaling = float(np.exp(self._dual.update(self._integrator_accept, _TARGET_HMC)))
             return
         self.accepted_sum = self.accepted_sum + accepted.astype(int)
         self.steps_until_tune -= 1

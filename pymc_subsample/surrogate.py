@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["QuadraticSurrogate", "stencil_points"]
+__all__ = ["QuadraticSurrogate", "TaylorSurrogate", "stencil_points"]
 
 
 def _pairs(d: int) -> list[tuple[int, int]]:
@@ -87,8 +87,30 @@ def stencil_points(theta_ref: np.ndarray, eps: np.ndarray, full: bool = True) ->
     return np.concatenate(rows)
 
 
+class _QuadraticSum:
+    r"""The summed expansion :math:`\hat L + G^\top\Delta + \Delta^\top H\Delta/2`, its gradient."""
+
+    theta_ref: np.ndarray
+    value: float
+    grad: np.ndarray
+    hess: np.ndarray
+
+    def total(self, thetas: np.ndarray) -> np.ndarray:
+        r"""Return :math:`\sum_n h_n(\theta_j) = \hat L + G^\top\Delta + \Delta^\top H\Delta/2`.
+
+        For a stencil surrogate, equal to ``weights(thetas) @ sums``.
+        """
+        delta = np.atleast_2d(thetas) - self.theta_ref
+        quad = np.einsum("ji,ik,jk->j", delta, self.hess, delta)
+        return self.value + delta @ self.grad + 0.5 * quad
+
+    def gradient(self, theta: np.ndarray) -> np.ndarray:
+        r"""Gradient :math:`G + H\Delta` of :math:`\sum_n h_n` at ``theta``."""
+        return self.grad + self.hess @ (np.asarray(theta) - self.theta_ref)
+
+
 @dataclass(frozen=True)
-class QuadraticSurrogate:
+class QuadraticSurrogate(_QuadraticSum):
     r"""The quadratic control variate :math:`h_n` of a stencil, from its sums.
 
     Attributes
@@ -196,15 +218,37 @@ class QuadraticSurrogate:
                     w[:, 2 + 2 * k] -= c
         return w
 
-    def total(self, thetas: np.ndarray) -> np.ndarray:
-        r"""Return :math:`\sum_n h_n(\theta_j) = \hat L + G^\top\Delta + \Delta^\top H\Delta/2`.
 
-        Equal to ``weights(thetas) @ sums``.
-        """
-        delta = np.atleast_2d(thetas) - self.theta_ref
-        quad = np.einsum("ji,ik,jk->j", delta, self.hess, delta)
-        return self.value + delta @ self.grad + 0.5 * quad
+@dataclass(frozen=True)
+class TaylorSurrogate(_QuadraticSum):
+    r"""A second-order Taylor control variate computed by automatic differentiation.
 
-    def gradient(self, theta: np.ndarray) -> np.ndarray:
-        r"""Gradient :math:`G + H\Delta` of :math:`\sum_n h_n` at ``theta``."""
-        return self.grad + self.hess @ (np.asarray(theta) - self.theta_ref)
+    :math:`h_n(\theta) = l_n(\hat\theta) + \nabla l_n(\hat\theta)^\top\Delta
+    + \tfrac12 \Delta^\top \nabla^2 l_n(\hat\theta) \Delta`, held only through
+    its exact sums :math:`\hat L = \sum_n l_n(\hat\theta)`, :math:`G`, :math:`H`;
+    the per-observation residuals are computed on each batch from the graph
+    (:meth:`pymc_subsample.graph.ObservationTerms.taylor_residual_batch`), so the
+    cost per observation does not grow with :math:`d` as a stencil's
+    :math:`1 + d + d^2` points do.
+
+    Attributes
+    ----------
+    theta_ref : numpy.ndarray
+        :math:`\hat\theta`, shape ``(d,)``.
+    value : float
+        :math:`\hat L`.
+    grad : numpy.ndarray
+        :math:`G`, shape ``(d,)``.
+    hess : numpy.ndarray
+        :math:`H`, shape ``(d, d)``.
+    """
+
+    theta_ref: np.ndarray
+    value: float
+    grad: np.ndarray
+    hess: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        """Dimension :math:`d` of the block."""
+        return len(self.theta_ref)
