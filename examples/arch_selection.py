@@ -12,10 +12,11 @@ with priors (ours; the paper does not state them) :math:`\alpha_0 \sim
 \mathrm{HalfNormal}(1)`, :math:`\alpha_i \sim \mathrm{HalfNormal}(0.2)`,
 :math:`\nu - 2 \sim \mathrm{Exponential}(0.1)`, a uniform prior
 :math:`\pi_q = 1/6` over :math:`Q`, and every positive parameter sampled as
-:math:`\mathrm{softplus}(z)`. Model choice runs in the Carlin & Chib (1995)
-product space: every model's parameters are in the state; the unselected ones
+:math:`c\,\mathrm{softplus}(z/c)`, :math:`c = 0.01` (linear over the
+coefficients' posterior bulk, so that it is close to Gaussian in :math:`z`).
+Model choice runs in the Carlin & Chib (1995) product space: every model's parameters are in the state; the unselected ones
 follow pseudopriors, Gaussian in :math:`z` (a Laplace approximation at each
-model's own posterior mode, eigenvalues of the precision floored at 4). The
+model's own posterior mode, no sd above 0.05 for the coefficients). The
 sampler targets an adjusted prior :math:`\tilde\pi_q` chosen in a pilot phase
 so that the adjusted posterior of :math:`q` is near uniform, the hard case for
 a race; :math:`P(q \mid r) \propto \hat p_{\tilde\pi}(q)\, \pi_q / \tilde\pi_q`
@@ -54,6 +55,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 from pymc.blocking import DictToArrayBijection, RaveledVars
+from pymc.distributions.transforms import log_exp_m1
 from pymc.logprob.transforms import Transform
 from pymc.step_methods.compound import BlockedStep
 
@@ -65,7 +67,7 @@ Q_GRID = (5, 10, 15, 20, 25, 30)
 Q_MAX = max(Q_GRID)
 N_RETURNS = 13_000
 A0_SD, A_SD, NU_RATE = 1.0, 0.2, 0.1
-PRECISION_FLOOR = 4.0  # pseudoprior sd <= 0.5 in z
+PSEUDO_MAX_SD = {"a": 0.05, "nu": 2.0}  # largest pseudoprior sd, in z (about the units)
 SCALE = 0.01  # of the scaled softplus transform
 
 
@@ -132,23 +134,23 @@ class ScaledSoftplus(Transform):
 SCALED_SOFTPLUS = ScaledSoftplus()
 
 
-def _parameters(q: int) -> dict:
-    """Free variables of the ARCH(q) model, softplus-transformed."""
+def _parameters(q: int, transform=SCALED_SOFTPLUS) -> dict:
+    """Free variables of the ARCH(q) model, sampled in ``transform``'s space."""
     return {
-        "a0": pm.HalfNormal(f"a0_{q}", A0_SD, default_transform=SCALED_SOFTPLUS, initval=0.5),
+        "a0": pm.HalfNormal(f"a0_{q}", A0_SD, default_transform=transform, initval=0.5),
         "a": pm.HalfNormal(
-            f"a_{q}", A_SD, shape=q, default_transform=SCALED_SOFTPLUS, initval=np.full(q, 0.05)
+            f"a_{q}", A_SD, shape=q, default_transform=transform, initval=np.full(q, 0.05)
         ),
-        "nu_m2": pm.Exponential(f"nu_m2_{q}", NU_RATE, default_transform=SCALED_SOFTPLUS),
+        "nu_m2": pm.Exponential(f"nu_m2_{q}", NU_RATE, default_transform=transform),
     }
 
 
-def single_model(r: np.ndarray, lags: np.ndarray, q: int) -> pm.Model:
+def single_model(r: np.ndarray, lags: np.ndarray, q: int, transform=SCALED_SOFTPLUS) -> pm.Model:
     """Build the ARCH(q)-t model alone (for its mode, the pseudoprior)."""
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags[:, :q])
-        p = _parameters(q)
+        p = _parameters(q, transform)
         sigma2 = p["a0"] + (lag_data * p["a"]).sum(axis=1)
         pm.StudentT("obs", nu=p["nu_m2"] + 2, sigma=pt.sqrt(sigma2), observed=r_data)
     return model
@@ -195,46 +197,67 @@ def value_names(order: int) -> list[str]:
     return [f"{k}_{order}_scaled_softplus__" for k in ("a0", "a", "nu_m2")]
 
 
+def _laplace(model, values: dict, names: list[str]) -> tuple[np.ndarray, np.ndarray, float]:
+    """Flat point, negative Hessian (central differences of the gradient) and log density."""
+    start = DictToArrayBijection.map({n: values[n] for n in names})
+    dlogp = model.compile_dlogp(jacobian=True)
+
+    def grad(x):
+        return dlogp(DictToArrayBijection.rmap(RaveledVars(x, start.point_map_info)))
+
+    d = start.data.size
+    hess = np.empty((d, d))
+    for k in range(d):
+        e = np.zeros(d)
+        e[k] = 1e-5
+        hess[k] = (grad(start.data + e) - grad(start.data - e)) / 2e-5
+    logp = float(model.compile_logp(jacobian=True)({n: values[n] for n in names}))
+    return start.data, -(hess + hess.T) / 2, logp
+
+
 def fit_pseudopriors(r: np.ndarray, lags: np.ndarray) -> list[dict]:
     """Laplace approximation of each model's posterior of z at its mode.
 
-    Returns one dict per order: ``mean``, ``cov``, ``chol_prec``, ``log_norm`` and
-    ``log_evidence`` (the Laplace estimate of the log marginal likelihood).
+    The mode is found in plain softplus space (well scaled for the optimiser),
+    where the Laplace estimate of the log marginal likelihood is also taken;
+    the pseudoprior is the Laplace approximation in the sampling space
+    (:class:`ScaledSoftplus`), with no sd above ``PSEUDO_MAX_SD`` (coefficients
+    at their boundary have flat directions).
+    Returns one dict per order: ``mean``, ``cov``, ``chol_prec``, ``log_norm``
+    and ``log_evidence``.
     """
     out = []
     for order in Q_GRID:
+        plain = single_model(r, lags, order, log_exp_m1)
+        with plain:
+            mode = pm.find_MAP(progressbar=False, include_transformed=True, maxiter=20_000)
+        plain_names = [n.replace("_scaled_softplus__", "_log_exp_m1__") for n in value_names(order)]
+        _, prec, logp = _laplace(plain, mode, plain_names)
+        d = len(prec)
+        log_evidence = logp + 0.5 * d * np.log(2 * np.pi) - 0.5 * np.linalg.slogdet(prec)[1]
         model = single_model(r, lags, order)
-        with model:
-            mode = pm.find_MAP(progressbar=False, include_transformed=True, maxeval=20_000)
-        names = value_names(order)
-        start = DictToArrayBijection.map({n: mode[n] for n in names})
-        dlogp = model.compile_dlogp(jacobian=True)
-        logp = model.compile_logp(jacobian=True)
-
-        def grad(x, start=start, dlogp=dlogp):
-            return dlogp(DictToArrayBijection.rmap(RaveledVars(x, start.point_map_info)))
-
-        d = start.data.size
-        hess = np.empty((d, d))
-        for k in range(d):
-            e = np.zeros(d)
-            e[k] = 1e-4
-            hess[k] = (grad(start.data + e) - grad(start.data - e)) / 2e-4
-        prec = -(hess + hess.T) / 2
-        w, v = np.linalg.eigh(prec)
-        prec = (v * np.maximum(w, PRECISION_FLOOR)) @ v.T  # flat directions at the boundary
+        z_mode = {
+            n: SCALED_SOFTPLUS.forward(
+                np.asarray(mode[n.removesuffix("_scaled_softplus__")])
+            ).eval()
+            for n in value_names(order)
+        }
+        mean, prec, _ = _laplace(model, z_mode, value_names(order))
+        # floor the precision in units of each parameter's scale: no pseudoprior sd above
+        # PSEUDO_MAX_SD (coefficients at their boundary have flat directions)
+        scale = np.array([PSEUDO_MAX_SD["a"]] * (d - 1) + [PSEUDO_MAX_SD["nu"]])
+        w, v = np.linalg.eigh(prec * np.outer(scale, scale))
+        prec = ((v * np.maximum(w, 1.0)) @ v.T) / np.outer(scale, scale)
         chol = np.linalg.cholesky(prec)
         log_det_prec = 2 * np.log(np.diag(chol)).sum()
         out.append(
             {
                 "order": order,
-                "mean": start.data,
+                "mean": mean,
                 "cov": np.linalg.inv(prec),
                 "chol_prec": chol,
                 "log_norm": 0.5 * log_det_prec - 0.5 * d * np.log(2 * np.pi),
-                "log_evidence": float(logp({n: mode[n] for n in names}))
-                + 0.5 * d * np.log(2 * np.pi)
-                - 0.5 * log_det_prec,
+                "log_evidence": float(log_evidence),
             }
         )
     return out
@@ -378,7 +401,8 @@ def run(label, model, steps, draws, tune, seed, start):
     with model:
         idata = pm.sample(
             draws=draws, tune=tune, chains=2, cores=1, step=steps, random_seed=seed,
-            initvals=start, progressbar=False, compute_convergence_checks=False,
+            initvals=start, init="adapt_diag", progressbar=False,
+            compute_convergence_checks=False,
         )  # fmt: skip
     seconds = time.perf_counter() - t0
     print(f"{label}: {seconds:.0f} s", flush=True)
