@@ -180,6 +180,22 @@ def test_all_minus_inf_raises():
         sample_categorical(np.full(3, -np.inf), table_rewards(table), 100)
 
 
+def test_exact_pass_on_impossible_survivors_decides_the_dropped_arms():
+    # arms 0 and 2 lead the first look, then both turn out impossible in the exact
+    # pass through ``totals``: arm 1, dropped earlier, is the only possible arm
+    table = np.zeros((3, 5))
+    table[[0, 2], 3] = -np.inf
+    table[1] = -1.0
+
+    def totals(arms):
+        return table[arms].sum(axis=1)
+
+    for tot in [None, totals]:
+        res = race(table_rewards(table), 3, 5, schedule=(2,), rng=0, reward_range=0.1, totals=tot)
+        assert res.winner == 1 and res.exhausted
+        np.testing.assert_array_equal(res.means, [-np.inf, -1.0, -np.inf])
+
+
 def test_identical_arms_tie_at_n_and_lowest_index_wins():
     table = np.tile(np.random.default_rng(10).normal(size=500), (3, 1))
     for variance in ["pairwise", "marginal"]:
