@@ -9,6 +9,7 @@ from pymc_subsample.racing import (
     doubling_schedule,
     normal_threshold,
     race,
+    race_independent,
     sample_categorical,
     union_threshold,
 )
@@ -380,6 +381,14 @@ def test_independent_populations_minus_inf_and_rescue():
 
 
 # -- the core as explicit state ------------------------------------------------------
+
+
+def test_independent_populations_count_the_draws_of_impossible_arms():
+    # arm 1 is read in full (two rewards, one -inf); n_drawn and exhausted count it
+    pops = [np.zeros(10), np.array([-np.inf, 0.0])]
+    res = race_independent(lambda arm, idx: pops[arm][idx], [10, 2], batch_size=5, rng=0)
+    assert res.winner == 0 and res.means[1] == -np.inf
+    assert res.n_drawn == 5 and res.exhausted
 
 
 def test_shared_race_update_is_pure_and_matches_the_driver():
