@@ -497,6 +497,18 @@ def test_mh_test_agrees_with_exact_mh_and_rejects_impossible_proposals():
     np.testing.assert_allclose(d.log_alpha, diffs.sum())
 
 
+def test_mh_test_accepts_surely_when_the_current_point_is_impossible():
+    # a -inf term at the current point: log alpha is +inf, not NaN
+    from pymc_subsample.racing import RaceConfig, mh_test
+
+    table = np.zeros((2, 60))
+    table[0, ::2] = -np.inf
+    for config in [None, RaceConfig(batch_size=10)]:
+        dec = mh_test(table_rewards(table), 60, 0.0, -0.1, config, rng=np.random.default_rng(0))
+        assert dec.accepted
+        assert dec.log_alpha == np.inf and dec.accept_probability == 1.0
+
+
 def test_residual_callbacks_keep_the_argmax_and_shrink_the_variance():
     from pymc_subsample.racing import residual_callbacks
 
