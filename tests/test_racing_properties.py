@@ -35,6 +35,20 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+#: The same properties on many more examples, for ``make test-all``.
+DEEP = settings(SETTINGS, max_examples=1000)
+
+
+def prop(*strategies):
+    """Turn ``check`` into a test on SETTINGS; its ``deep`` twin runs DEEP, marked slow."""
+
+    def wrap(check):
+        test = SETTINGS(given(*strategies)(check))
+        test.deep = pytest.mark.slow(DEEP(given(*strategies)(check)))
+        return test
+
+    return wrap
+
 
 ROW_KINDS = ("normal", "coarse", "lognormal", "constant", "copy")
 
@@ -224,8 +238,7 @@ def run_shared(pops, kw, use_totals, windows):
     return res, rec
 
 
-@SETTINGS
-@given(shared_cases())
+@prop(shared_cases())
 def test_shared_races_account_for_every_reward(case):
     pops, kw, use_totals, windows = case
     n_arms, n_obs = len(pops), len(pops[0])
@@ -268,8 +281,10 @@ def test_shared_races_account_for_every_reward(case):
                 assert res.winner != j
 
 
-@SETTINGS
-@given(shared_cases())
+test_shared_races_account_for_every_reward_deep = test_shared_races_account_for_every_reward.deep
+
+
+@prop(shared_cases())
 def test_shared_races_are_deterministic_given_the_seed(case):
     pops, kw, use_totals, windows = case
     outcomes = []
@@ -283,6 +298,11 @@ def test_shared_races_are_deterministic_given_the_seed(case):
         outcomes.append((res.winner, res.n_evaluations, res.n_rounds, res.n_drawn,
                          res.exhausted, res.means.tobytes(), calls))  # fmt: skip
     assert outcomes[0] == outcomes[1]
+
+
+test_shared_races_are_deterministic_given_the_seed_deep = (
+    test_shared_races_are_deterministic_given_the_seed.deep
+)
 
 
 # ---------------------------------------------------------------- independent populations
@@ -311,8 +331,7 @@ def independent_cases(draw):
     return pops, kw
 
 
-@SETTINGS
-@given(independent_cases())
+@prop(independent_cases())
 def test_independent_races_account_for_every_reward(case):
     pops, kw = case
     n_arms = len(pops)
@@ -341,6 +360,11 @@ def test_independent_races_account_for_every_reward(case):
         res.winner, res.n_evaluations, res.n_rounds,
     )  # fmt: skip
     np.testing.assert_array_equal(res2.means, res.means)
+
+
+test_independent_races_account_for_every_reward_deep = (
+    test_independent_races_account_for_every_reward.deep
+)
 
 
 # ---------------------------------------------------------------- Gumbel-max sampling
@@ -376,8 +400,7 @@ def gumbel_scores(pops, log_f0, noise):
     return np.where(np.isneginf(log_f0) | np.isneginf(sums), -np.inf, score)
 
 
-@SETTINGS
-@given(categorical_cases(), deltas())
+@prop(categorical_cases(), deltas())
 def test_exact_sampling_returns_the_gumbel_argmax(case, delta):
     pops, n_obs, log_f0, seed, given_noise = case
     n_arms = len(pops)
@@ -410,8 +433,12 @@ def test_exact_sampling_returns_the_gumbel_argmax(case, delta):
     assert all(not rec.seen[i] for i in np.flatnonzero(~feasible))
 
 
-@SETTINGS
-@given(categorical_cases(), deltas(), st.sampled_from(["normal", "ebs"]))
+test_exact_sampling_returns_the_gumbel_argmax_deep = (
+    test_exact_sampling_returns_the_gumbel_argmax.deep
+)
+
+
+@prop(categorical_cases(), deltas(), st.sampled_from(["normal", "ebs"]))
 def test_sampling_is_deterministic_and_skips_impossible_arms(case, delta, bound):
     pops, n_obs, log_f0, seed, _ = case
     kw = {"variance": "marginal"} if np.ndim(n_obs) == 1 else {}
@@ -434,11 +461,15 @@ def test_sampling_is_deterministic_and_skips_impossible_arms(case, delta, bound)
     assert outcomes[0] == outcomes[1]
 
 
+test_sampling_is_deterministic_and_skips_impossible_arms_deep = (
+    test_sampling_is_deterministic_and_skips_impossible_arms.deep
+)
+
+
 # ---------------------------------------------------------------- the MH test
 
 
-@SETTINGS
-@given(
+@prop(
     rows([60, 60]),
     st.floats(-5.0, 5.0),
     st.floats(1e-9, 1.0),
@@ -469,3 +500,6 @@ def test_mh_test_is_exact_mh_when_exhausted(pops, exact_part, u, bound, delta, s
         if np.isfinite(exact.means).all():
             log_alpha = 60 * gap + log_u
             assert dec.log_alpha == pytest.approx(log_alpha, rel=1e-9, abs=1e-9)
+
+
+test_mh_test_is_exact_mh_when_exhausted_deep = test_mh_test_is_exact_mh_when_exhausted.deep
