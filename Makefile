@@ -8,10 +8,15 @@ PYTHON ?= $(shell for p in python3 python3.12 python3.13 python; do \
 
 .PHONY: help demo test test-all lint docs bench clean
 
+# time budget of `make test-all`, in seconds: pytest is stopped (exit status 124) past it
+TEST_ALL_BUDGET ?= 3600
+# coreutils timeout (gtimeout on macOS with Homebrew coreutils)
+TIMEOUT := $(shell command -v timeout 2>/dev/null || command -v gtimeout 2>/dev/null)
+
 help:
 	@echo "make demo      install and run the main demo (quick synthetic racing study)"
 	@echo "make test      install with the test and docs extras; run lint, the test suite, the docs build"
-	@echo "make test-all  also run the slow statistical tests"
+	@echo "make test-all  also run the slow statistical tests (pytest stopped after TEST_ALL_BUDGET=$(TEST_ALL_BUDGET) s)"
 	@echo "make docs      build the documentation into docs/_build/html"
 	@echo "make bench     run every benchmark script (long)"
 
@@ -39,7 +44,8 @@ test: lint
 	@echo "docs built without warnings: docs/_build/html/index.html"
 
 test-all: lint
-	$(BIN)/python -m pytest
+	@if [ -z "$(TIMEOUT)" ]; then echo "warning: no timeout command found; running without the time budget"; fi
+	$(if $(TIMEOUT),$(TIMEOUT) $(TEST_ALL_BUDGET) )$(BIN)/python -m pytest --durations=10
 
 docs: $(VENV)/.stamp-test,docs
 	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
@@ -48,4 +54,4 @@ bench: $(VENV)/.stamp-examples
 	for f in benchmarks/*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) docs/_build .pytest_cache .ruff_cache
+	rm -rf $(VENV) docs/_build .pytest_cache .ruff_cache .hypothesis

@@ -9,6 +9,7 @@ from pymc_subsample.racing import (
     doubling_schedule,
     normal_threshold,
     race,
+    race_independent,
     sample_categorical,
     union_threshold,
 )
@@ -54,7 +55,11 @@ def error_rate(
     return errors, np.mean(evals) / (n_obs * n_arms)
 
 
-@pytest.mark.parametrize("dist", ["normal", "uniform", "lognormal"])
+# uniform rewards (bounded, the easiest population for both bounds) only in make
+# test-all: normal and lognormal check every bound and variance in the default run
+@pytest.mark.parametrize(
+    "dist", ["normal", pytest.param("uniform", marks=pytest.mark.slow), "lognormal"]
+)
 @pytest.mark.parametrize("variance", ["pairwise", "marginal"])
 @pytest.mark.parametrize("bound", ["normal", "ebs"])
 def test_error_rate_below_delta(dist, bound, variance):
@@ -178,6 +183,22 @@ def test_all_minus_inf_raises():
             race(table_rewards(table), 3, 100, bound=bound, rng=0)
     with pytest.raises(ValueError, match="-inf"):
         sample_categorical(np.full(3, -np.inf), table_rewards(table), 100)
+
+
+def test_exact_pass_on_impossible_survivors_decides_the_dropped_arms():
+    # arms 0 and 2 lead the first look, then both turn out impossible in the exact
+    # pass through ``totals``: arm 1, dropped earlier, is the only possible arm
+    table = np.zeros((3, 5))
+    table[[0, 2], 3] = -np.inf
+    table[1] = -1.0
+
+    def totals(arms):
+        return table[arms].sum(axis=1)
+
+    for tot in [None, totals]:
+        res = race(table_rewards(table), 3, 5, schedule=(2,), rng=0, reward_range=0.1, totals=tot)
+        assert res.winner == 1 and res.exhausted
+        np.testing.assert_array_equal(res.means, [-np.inf, -1.0, -np.inf])
 
 
 def test_identical_arms_tie_at_n_and_lowest_index_wins():
@@ -366,6 +387,14 @@ def test_independent_populations_minus_inf_and_rescue():
 # -- the core as explicit state ------------------------------------------------------
 
 
+def test_independent_populations_count_the_draws_of_impossible_arms():
+    # arm 1 is read in full (two rewards, one -inf); n_drawn and exhausted count it
+    pops = [np.zeros(10), np.array([-np.inf, 0.0])]
+    res = race_independent(lambda arm, idx: pops[arm][idx], [10, 2], batch_size=5, rng=0)
+    assert res.winner == 0 and res.means[1] == -np.inf
+    assert res.n_drawn == 5 and res.exhausted
+
+
 def test_shared_race_update_is_pure_and_matches_the_driver():
     from pymc_subsample.racing import RaceConfig, SharedRace, race_shared
 
@@ -470,6 +499,18 @@ def test_mh_test_agrees_with_exact_mh_and_rejects_impossible_proposals():
     assert not d.accepted and d.race.n_evaluations == 0 and d.accept_probability == 0.0
     d = mh_test(lambda a, i: table[a][:, i], n_obs, 0.0, -0.1, None, rng=rng)
     np.testing.assert_allclose(d.log_alpha, diffs.sum())
+
+
+def test_mh_test_accepts_surely_when_the_current_point_is_impossible():
+    # a -inf term at the current point: log alpha is +inf, not NaN
+    from pymc_subsample.racing import RaceConfig, mh_test
+
+    table = np.zeros((2, 60))
+    table[0, ::2] = -np.inf
+    for config in [None, RaceConfig(batch_size=10)]:
+        dec = mh_test(table_rewards(table), 60, 0.0, -0.1, config, rng=np.random.default_rng(0))
+        assert dec.accepted
+        assert dec.log_alpha == np.inf and dec.accept_probability == 1.0
 
 
 def test_residual_callbacks_keep_the_argmax_and_shrink_the_variance():

@@ -52,8 +52,12 @@ class RaceResult:
     winner : int
         Index of the arm returned.
     n_evaluations : int
-        Rewards drawn in total, over all arms and looks (at most ``sum(N_i)``,
-        counting an exact look as all of a surviving arm's observations).
+        Rewards drawn in total, over all arms and looks, counting an exact look
+        as all of a surviving arm's observations. At most ``sum(N_i)``, except
+        when an exact pass re-reads observations already drawn (a shared-index
+        race's pass through ``totals``, or its exact decision among the arms
+        dropped earlier once every survivor hit a −inf reward): then below
+        ``2 * sum(N_i)``.
     n_rounds : int
         Number of looks (rounds of the schedule, or blocks of pulls for lil'UCB).
     exhausted : bool

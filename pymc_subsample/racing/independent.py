@@ -327,6 +327,7 @@ def race_independent(
             batch, finite = _checked_arm(rewards, i, idx)
             n_evals += k
             if not finite:
+                drawn[i] = target  # counted in n_drawn and exhausted like any draw
                 alive[i] = False
                 dead_inf[i] = True
                 means[i] = -np.inf

@@ -33,7 +33,9 @@ class MHDecision(NamedTuple):
         Whether the proposal is accepted.
     log_alpha : float
         Estimated :math:`\log` of the MH ratio, :math:`N(\hat\mu_1 - \hat\mu_0) +
-        \log u` computed back from the race's means (exact for exhausted races).
+        \log u` computed back from the race's means (exact for exhausted races);
+        −inf when a −inf term of the proposal was drawn, +inf when one of the
+        current point was.
     race : RaceResult
         The race's record (arm 0: current point, arm 1: proposal).
     """
@@ -44,9 +46,9 @@ class MHDecision(NamedTuple):
 
     @property
     def accept_probability(self) -> float:
-        r""":math:`\min(1, e^{\log\alpha})`, NaN when the race's means are not finite."""
-        if not np.isfinite(self.log_alpha):
-            return 0.0 if self.log_alpha == -np.inf else np.nan
+        r""":math:`\min(1, e^{\log\alpha})` (1 when the current point has a −inf term)."""
+        if np.isnan(self.log_alpha):
+            return np.nan
         return float(np.exp(min(0.0, self.log_alpha)))
 
 
@@ -97,6 +99,6 @@ def mh_test(
     else:
         result = race_shared(rewards, 2, n_obs, config, rng=rng, offsets=offsets, totals=totals)
     log_alpha = n_obs * (result.means[1] - result.means[0]) + log_u
-    if not np.isfinite(log_alpha):
-        log_alpha = -np.inf if result.winner == 0 else np.nan
+    if not np.isfinite(log_alpha):  # a -inf term was drawn at the loser: the ratio is 0 or inf
+        log_alpha = -np.inf if result.winner == 0 else np.inf
     return MHDecision(result.winner == 1, float(log_alpha), result)

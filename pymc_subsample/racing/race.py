@@ -577,9 +577,7 @@ def race_shared(
     give_up = totals is not None and kernel.can_give_up
     for size in kernel.looks:
         if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:
-            sums = exact_totals(rewards, state.alive, n_obs, totals)
-            state = kernel.exact_look(state, sums, n_obs * len(state.alive))
-            break
+            return _exact_pass(kernel, state, rewards, totals)
         k = int(size) - state.n_drawn
         alive = state.alive
         batch = rewards(alive, stream.take(k))
@@ -593,10 +591,24 @@ def race_shared(
         if state.winner >= 0:
             break
         if give_up and kernel.hopeless(state):  # straight to the exact pass
-            sums = exact_totals(rewards, state.alive, n_obs, totals)
-            state = kernel.exact_look(state, sums, n_obs * len(state.alive))
-            break
+            return _exact_pass(kernel, state, rewards, totals)
     return kernel.result(state)
+
+
+def _exact_pass(kernel: SharedRace, state: RaceState, rewards, totals) -> RaceResult:
+    """Decide among the survivors on their exact sums; rescue when every one of them is −inf."""
+    n_obs = kernel.n_obs
+    sums = exact_totals(rewards, state.alive, n_obs, totals)
+    n_evaluations = n_obs * len(state.alive)
+    if np.isfinite(sums).any():
+        return kernel.result(kernel.exact_look(state, sums, n_evaluations))
+    means = state.means.copy()
+    means[state.alive] = -np.inf
+    state = state._replace(
+        alive=state.alive[:0], n_drawn=n_obs, means=means,
+        n_evaluations=state.n_evaluations + n_evaluations, n_rounds=state.n_rounds + 1,
+    )  # fmt: skip
+    return _rescue(kernel, state, rewards, totals)
 
 
 def _rescue(kernel: SharedRace, state: RaceState, rewards, totals) -> RaceResult:
