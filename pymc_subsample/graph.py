@@ -683,10 +683,14 @@ class ObservationTerms:
         self._flat_cands = pt.dmatrix("theta_candidates")
         kw = self._compile_kwargs
         idx_var, subset, _ = self._graphs
-        gather = self._model.compile_fn(
-            residual(subset), inputs=[self._flat_cands, ref, idx_var, *self.inputs],
-            point_fn=False, **kw,
-        )  # fmt: skip
+        model = self._model
+
+        def build_gather():  # compiled on first use: windows that wrap around are rare
+            return model.compile_fn(
+                residual(subset), inputs=[self._flat_cands, ref, idx_var, *self.inputs],
+                point_fn=False, **kw,
+            )  # fmt: skip
+
         window = None
         if self._window_graph is not None:
             start, stop, win = self._window_graph
@@ -702,7 +706,8 @@ class ObservationTerms:
         grad = pytensor.grad(total, ref)
         hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
         sums = self._model.compile_fn([total, grad, hess], inputs=sum_inputs, point_fn=False, **kw)
-        self._taylor_fns = (gather, window, sums)
+        self._build_taylor_gather = build_gather
+        self._taylor_fns = (None, window, sums)
 
     def taylor_residual_batch(
         self,
@@ -756,6 +761,9 @@ class ObservationTerms:
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
             return window(thetas, reference, start, stop, *others)
+        if gather is None:
+            gather = self._build_taylor_gather()
+            self._taylor_fns = (gather, window, self._taylor_fns[2])
         rows = np.asarray(self._perm[positions], dtype=np.int64)
         return gather(thetas, reference, rows, *others)
 

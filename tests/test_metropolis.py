@@ -381,6 +381,10 @@ def test_taylor_residuals_sum_to_the_exact_remainder(wide_regression):
     taylor = value + delta @ grad + 0.5 * np.einsum("ki,ij,kj->k", delta, hess, delta)
     full = terms.loglik_sum([thetas], point)
     np.testing.assert_allclose(residuals.sum(axis=1), full - taylor, atol=1e-6)
+    # gathered positions and a window read the same observations of the permutation
+    window = terms.taylor_residual_batch(thetas, ref, slice(10, 60), point, shapes)
+    gathered = terms.taylor_residual_batch(thetas, ref, np.arange(10, 60), point, shapes)
+    np.testing.assert_allclose(window, gathered, atol=1e-10)
     # Gaussian terms are quadratic: the expansion is exact and every residual vanishes
     np.testing.assert_allclose(residuals, 0.0, atol=1e-8)
 
