@@ -14,9 +14,10 @@ with priors (ours; the paper does not state them) :math:`\alpha_0 \sim
 :math:`\pi_q = 1/6` over :math:`Q`, and every positive parameter sampled as
 :math:`c\,\mathrm{softplus}(z/c)`, :math:`c = 0.01` (linear over the
 coefficients' posterior bulk, so that it is close to Gaussian in :math:`z`).
-Model choice runs in the Carlin & Chib (1995) product space: every model's parameters are in the state; the unselected ones
-follow pseudopriors, Gaussian in :math:`z` (a Laplace approximation at each
-model's own posterior mode, no sd above 0.05 for the coefficients). The
+Model choice runs in the Carlin & Chib (1995) product space: every model's
+parameters are in the state; the unselected ones follow pseudopriors,
+Gaussian in :math:`z` (a Laplace approximation at each model's own
+posterior mode, no sd above 0.05 for the coefficients). The
 sampler targets an adjusted prior :math:`\tilde\pi_q` chosen in a pilot phase
 so that the adjusted posterior of :math:`q` is near uniform, the hard case for
 a race; :math:`P(q \mid r) \propto \hat p_{\tilde\pi}(q)\, \pi_q / \tilde\pi_q`
