@@ -112,20 +112,26 @@ class SubsampledCategoricalGibbs(RacingStep):
         whatever the value; races that share a permutation are dependent,
         which the audits in the documentation measure.
     control_variates : bool or dict
-        Race on the residuals of a first-order expansion of the terms in the
+        Race on the residuals of a second-order expansion of the terms in the
         other continuous variables :math:`\psi` they depend on, around a
         reference :math:`\hat\psi` (Chen & Ghahramani 2016, Sec. 4; the
-        expansion is in the parameters rather than the data):
+        expansion is in the parameters rather than the data), with
+        :math:`\Delta = \psi - \hat\psi`:
 
-        .. math:: h_n(i) = \log f_n(i; \hat\psi) + \nabla_\psi \log f_n(i;
-                  \hat\psi) \cdot (\psi - \hat\psi),
+        .. math:: h_n(i) = \log f_n(i; \hat\psi) + D_\psi \log f_n(i;
+                  \hat\psi)[\Delta] + \tfrac12 D^2_\psi \log f_n(i;
+                  \hat\psi)[\Delta, \Delta],
 
-        whose sums :math:`S_i = \sum_n \log f_n(i; \hat\psi)` and
-        :math:`G_i = \nabla_{\hat\psi} S_i` take one full pass per candidate
-        and are cached; the race then reads :math:`\log f_n(i;\psi) - h_n(i)`
-        (three evaluations' worth per term) with :math:`S_i + G_i\cdot(\psi
-        - \hat\psi)` added to :math:`\log f_0(i)`. The decision is unchanged;
-        the reward variance falls with :math:`\lVert\psi - \hat\psi\rVert^2`.
+        whose sums :math:`S_i = \sum_n \log f_n(i; \hat\psi)`, its gradient
+        :math:`G_i` and Hessian :math:`H_i` in :math:`\hat\psi` take one full
+        pass per candidate and are cached; the race then reads :math:`\log
+        f_n(i;\psi) - h_n(i)` (the directional derivatives by forward mode, on
+        the batch) with :math:`S_i + G_i^\top\Delta + \Delta^\top H_i
+        \Delta/2` added to :math:`\log f_0(i)`. First order only when
+        :math:`\psi` has more than
+        :data:`~pymc_subsample.graph.MAX_SECOND_ORDER_INPUTS` coordinates.
+        The decision is unchanged; the residuals are third order in
+        :math:`\Delta` (second order above that size).
         ``True``: the reference is the current point, renewed whenever the
         row permutation is redrawn and at the end of tuning. A dict: a fixed
         reference point (values of the continuous value variables, e.g. a
@@ -208,7 +214,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             return
         names = self.terms.expansion_inputs()
         if not names:
-            self.terms._compile_expansion()  # raises the error that explains why
+            self.terms._compile_expansion(self.initial_point)  # raises the error that explains why
         if isinstance(control_variates, dict):
             missing = [n for n in names if n not in control_variates]
             if missing:
@@ -250,7 +256,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         return super()._batch_rewards(cands, positions, point)
 
     def _expansion_shift(self, key, cands, point) -> np.ndarray:
-        r"""Return :math:`S_i + G_i \cdot (\psi - \hat\psi)` for every candidate."""
+        r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate."""
         ref = self._reference
         cached = self._expansion_cache.get(key)
         if cached is None:
@@ -258,11 +264,11 @@ class SubsampledCategoricalGibbs(RacingStep):
                 self._expansion_cache.clear()
             cached = self.terms.expansion_sums(cands, point, ref)
             self._expansion_cache[key] = cached
-        values, grads = cached
-        shift = values.copy()
-        for n, g in zip(self.terms.expansion_inputs(), grads, strict=True):
-            step = np.asarray(point[n], dtype=np.float64) - ref[n]
-            shift += g.reshape(len(values), -1) @ step.ravel()
+        values, grads, hess = cached
+        step = self.terms.expansion_step(point, ref)
+        shift = values + grads @ step
+        if hess is not None:
+            shift += 0.5 * np.einsum("kij,i,j->k", hess, step, step)
         return shift
 
     @staticmethod

@@ -41,6 +41,7 @@ from pytensor.graph.traversal import ancestors, graph_inputs
 
 __all__ = [
     "BATCH_LAYOUTS",
+    "MAX_SECOND_ORDER_INPUTS",
     "ModelSplitError",
     "ObservationTerms",
     "block_terms",
@@ -49,6 +50,10 @@ __all__ = [
 
 #: Names accepted by ``ObservationTerms(batches=...)``.
 BATCH_LAYOUTS = ("windows", "random")
+
+#: Largest number of coordinates of the other inputs for which the expansion of
+#: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
+MAX_SECOND_ORDER_INPUTS = 400
 
 
 class ModelSplitError(ValueError):
@@ -533,17 +538,19 @@ class ObservationTerms:
         k = len(self.vars)
         return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
 
-    # -- first-order expansion in the other inputs (control variates of discrete races) --
+    # -- expansion in the other inputs (control variates of discrete races) -------------
 
     def expansion_inputs(self) -> list[str]:
         """Names of the continuous inputs in which :meth:`expansion_residual_batch` expands."""
         return [n for n, d in zip(self._input_names, self._input_dtypes, strict=True)
                 if d.startswith("float")]  # fmt: skip
 
-    def _compile_expansion(self) -> None:
-        r"""Compile the residual and reference-sum functions of the first-order expansion."""
-        import pytensor
+    def _compile_expansion(self, reference: dict) -> None:
+        r"""Compile the residual and reference-sum functions of the expansion in :math:`\psi`.
 
+        Second order when :math:`\psi` has at most :data:`MAX_SECOND_ORDER_INPUTS`
+        coordinates (the sums keep a Hessian per candidate), first order above.
+        """
         floats = [v for v in self.inputs if v.dtype.startswith("float")]
         if not floats:
             raise ValueError(
@@ -551,21 +558,35 @@ class ObservationTerms:
                 f"on besides {', '.join(v.name for v in self.vars)}, and there are none: the "
                 "terms depend on the block and the data only, so there is nothing to expand"
             )
-        refs = [v.type(name=f"{v.name}_reference") for v in floats]
-        to_ref = dict(zip(floats, refs, strict=True))
+        names = [v.name for v in floats]
+        shapes = [np.shape(reference[n]) for n in names]
+        sizes = [int(np.prod(sh, dtype=int)) for sh in shapes]
+        bounds = np.cumsum([0, *sizes])
+        second_order = bounds[-1] <= MAX_SECOND_ORDER_INPUTS
+        flat_ref = pt.dvector("psi_reference")
+        direction = pt.dvector("psi_direction")
+        to_ref = {
+            v: flat_ref[a:b].reshape(sh).astype(v.dtype)
+            for v, a, b, sh in zip(floats, bounds[:-1], bounds[1:], shapes, strict=True)
+        }
+        flat_psi = pt.concatenate([pt.cast(v, "float64").ravel() for v in floats])
         batch = dict(zip(self.vars, self._cands, strict=True))
 
         def residual(graph):
             at_ref = graph_replace(graph, to_ref, strict=False)
-            slope = pytensor.gradient.pushforward(
-                at_ref,
-                refs,
-                [v - r for v, r in zip(floats, refs, strict=True)],
-                disconnected_outputs="ignore",
+            first = pytensor.gradient.pushforward(
+                at_ref, flat_ref, direction, disconnected_outputs="ignore"
             )
-            return vectorize_graph(graph - at_ref - slope, replace=batch)
+            expansion = at_ref + first
+            if second_order:
+                second = pytensor.gradient.pushforward(
+                    first, flat_ref, direction, disconnected_outputs="ignore"
+                )
+                expansion = expansion + 0.5 * second
+            res = graph_replace(graph - expansion, {direction: flat_psi - flat_ref}, strict=False)
+            return vectorize_graph(res, replace=batch)
 
-        others = [*self.inputs, *refs]
+        others = [*self.inputs, flat_ref]
         kw = self._compile_kwargs
         idx_var, subset, _ = self._graphs
         gather = self._model.compile_fn(
@@ -578,13 +599,16 @@ class ObservationTerms:
                 residual(win), inputs=[*self._cands, start, stop, *others], point_fn=False, **kw
             )
         total = graph_replace(self._loglik.sum(), to_ref, strict=False)
-        sums = self._model.compile_fn(
-            [total, *pytensor.grad(total, refs, disconnected_inputs="ignore")],
-            inputs=[*self.vars, *others],
-            point_fn=False,
-            **kw,
-        )
-        self._expansion_fns = (gather, window, sums, [v.name for v in floats])
+        grad = pytensor.grad(total, flat_ref, disconnected_inputs="ignore")
+        outputs = [total, grad]
+        if second_order:
+            outputs.append(pytensor.gradient.jacobian(grad, flat_ref, vectorize=True))
+        sums = self._model.compile_fn(outputs, inputs=[*self.vars, *others], point_fn=False, **kw)
+        self._expansion_fns = (gather, window, sums, names)
+
+    @staticmethod
+    def _flat_reference(reference: dict, names: list[str]) -> np.ndarray:
+        return np.concatenate([np.ravel(np.asarray(reference[n], dtype=np.float64)) for n in names])
 
     def expansion_residual_batch(
         self,
@@ -593,20 +617,24 @@ class ObservationTerms:
         point: dict,
         reference: dict,
     ) -> np.ndarray:
-        r"""Residuals of the first-order expansion of the terms in the other inputs.
+        r"""Residuals of the expansion of the terms in the other inputs.
 
         With :math:`\psi` the continuous value variables the terms depend on
-        besides the block (read from ``point``) and :math:`\hat\psi` their
-        values in ``reference``, returns
+        besides the block (read from ``point``, flattened in the order of
+        :meth:`expansion_inputs`) and :math:`\hat\psi` their values in
+        ``reference``, :math:`\Delta = \psi - \hat\psi`, returns
 
         .. math:: r_n(\theta_k) = \log f_n(\theta_k; \psi) - \log f_n(\theta_k; \hat\psi)
-                  - \nabla_{\psi} \log f_n(\theta_k; \hat\psi) \cdot (\psi - \hat\psi),
+                  - D_\psi \log f_n(\theta_k; \hat\psi)[\Delta]
+                  - \tfrac12 D^2_\psi \log f_n(\theta_k; \hat\psi)[\Delta, \Delta],
 
-        the directional derivative computed exactly (forward mode), on the
-        observations at ``positions`` of the current row permutation (as
-        :meth:`loglik_batch`). Their sum over all :math:`N` is
-        :math:`\sum_n \log f_n(\theta_k; \psi) - S_k - G_k \cdot (\psi -
-        \hat\psi)` with :math:`(S_k, G_k)` from :meth:`expansion_sums`.
+        the directional derivatives computed exactly (forward mode); the
+        second-order term only when :math:`\psi` has at most
+        :data:`MAX_SECOND_ORDER_INPUTS` coordinates. Observations at
+        ``positions`` of the current row permutation (as :meth:`loglik_batch`).
+        Their sum over all :math:`N` is :math:`\sum_n \log f_n(\theta_k; \psi) -
+        S_k - G_k^\top \Delta - \tfrac12 \Delta^\top H_k \Delta` with
+        :math:`(S_k, G_k, H_k)` from :meth:`expansion_sums`.
 
         Returns
         -------
@@ -614,46 +642,54 @@ class ObservationTerms:
             Shape ``(K, n)``.
         """
         if self._expansion_fns is None:
-            self._compile_expansion()
+            self._compile_expansion(reference)
         gather, window, _, names = self._expansion_fns
         cands, others = self._exact_arrays(candidates, point)
-        refs = [np.asarray(reference[n], dtype=point[n].dtype) for n in names]
+        ref = self._flat_reference(reference, names)
         if isinstance(positions, slice) and window is not None:
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
-            return window(*cands, start, stop, *others, *refs)
+            return window(*cands, start, stop, *others, ref)
         rows = np.asarray(self._perm[positions], dtype=np.int64)
-        return gather(*cands, rows, *others, *refs)
+        return gather(*cands, rows, *others, ref)
 
     def expansion_sums(
         self, candidates: Sequence[np.ndarray], point: dict, reference: dict
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         r"""Exact sums of the expansion at the reference, one full pass per candidate.
 
-        Returns :math:`S_k = \sum_n \log f_n(\theta_k; \hat\psi)` and
-        :math:`G_k = \nabla_{\hat\psi} S_k`, the block's value and the
-        non-continuous inputs taken from ``candidates`` and ``point``.
+        Returns :math:`S_k = \sum_n \log f_n(\theta_k; \hat\psi)`, its
+        gradient :math:`G_k` and (second order) Hessian :math:`H_k` in the
+        flat :math:`\hat\psi`, the block's value and the non-continuous
+        inputs taken from ``candidates`` and ``point``.
 
         Returns
         -------
         tuple
-            ``(S, G)``: ``S`` of shape ``(K,)``; ``G`` one array per expanded
-            input (:meth:`expansion_inputs`), of shape ``(K, *input.shape)``.
+            ``(S, G, H)``: shapes ``(K,)``, ``(K, D)`` and ``(K, D, D)`` for
+            :math:`D` coordinates of :math:`\psi`; ``H`` is None for a
+            first-order expansion.
         """
         if self._expansion_fns is None:
-            self._compile_expansion()
+            self._compile_expansion(reference)
         _, _, sums, names = self._expansion_fns
         cands, others = self._exact_arrays(candidates, point)
-        refs = [np.asarray(reference[n], dtype=point[n].dtype) for n in names]
+        ref = self._flat_reference(reference, names)
         n_cands = len(cands[0])
-        values = np.empty(n_cands)
-        grads = [np.empty((n_cands, *np.shape(r))) for r in refs]
-        for k in range(n_cands):
-            out = sums(*[c[k] for c in cands], *others, *refs)
-            values[k] = out[0]
-            for g, o in zip(grads, out[1:], strict=True):
-                g[k] = o
-        return values, grads
+        outs = [sums(*[c[k] for c in cands], *others, ref) for k in range(n_cands)]
+        values = np.array([float(o[0]) for o in outs])
+        grads = np.stack([np.asarray(o[1], dtype=np.float64) for o in outs])
+        hess = (
+            np.stack([np.asarray(o[2], dtype=np.float64) for o in outs])
+            if len(outs[0]) > 2
+            else None
+        )
+        return values, grads, hess
+
+    def expansion_step(self, point: dict, reference: dict) -> np.ndarray:
+        r"""Return the flat :math:`\Delta = \psi - \hat\psi` of :meth:`expansion_sums`."""
+        names = self.expansion_inputs()
+        return self._flat_reference(point, names) - self._flat_reference(reference, names)
 
     # -- second-order Taylor expansion in the block (control variates of MH races) ----
 
