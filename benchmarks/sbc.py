@@ -195,6 +195,9 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--delta-reps", type=int, default=None)
     parser.add_argument("--only", default="selector,logistic,bimodal,delta")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--rewrite", action="store_true", help="only rewrite the Markdown table from the JSON"
+    )
     args = parser.parse_args()
     mode = 1 if args.quick else 0
     only = args.only.split(",")
@@ -205,6 +208,9 @@ def main() -> None:  # noqa: D103
     record = json.loads(json_path.read_text()) if json_path.exists() else {}
     record.update({"L": N_DRAWS, "bins": N_BINS})
     record.setdefault("problems", {})
+    if args.rewrite:
+        write(record, suffix, args)
+        return
     for name in (n for n in only if n in PROBLEMS):
         problem = PROBLEMS[name]()
         reps = args.reps or REPS[name][mode]
@@ -236,8 +242,11 @@ def write(record: dict, suffix: str, args) -> None:
     """Write the JSON record and the Markdown tables of every part run so far."""
     (TABLES / f"sbc{suffix}.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [
-        f"L = {N_DRAWS} thinned draws per replication; chi-square on {N_BINS} bins of 2 ranks; "
-        f"`python benchmarks/sbc.py{' --quick' if args.quick else ''}`, seed {args.seed}.",
+        "# Simulation-based calibration",
+        "",
+        f"Regenerate with `python benchmarks/sbc.py{' --quick' if args.quick else ''}` "
+        f"(seed {args.seed}). L = {N_DRAWS} thinned draws per replication; chi-square on "
+        f"{N_BINS} bins of 2 ranks.",
         "",
         "| problem | setting | replications | chi-square p per quantity | smallest p "
         "| audits wrong / run | seconds | resolved settings |",

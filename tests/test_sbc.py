@@ -46,7 +46,7 @@ def selector():
 @pytest.fixture(scope="module")
 def logistic():
     problem = logistic_problem(n_obs=1000)
-    problem.tune = 100
+    problem.tune = 50
     return problem
 
 
@@ -65,10 +65,10 @@ def test_gibbs_race_is_calibrated_and_a_wrong_conditional_is_not(selector):
 
 def test_racing_metropolis_is_calibrated_and_a_wrong_ratio_is_not(logistic):
     """RacingMetropolis (defaults) on a logistic regression; a tilted log ratio is rejected."""
-    good = fast_sbc(logistic, logistic.make_step(logistic.model), 60)
+    good = fast_sbc(logistic, logistic.make_step(logistic.model), 40)
     assert good.audits > 0
     assert smallest_p(good) > P_MIN, good.pvalues
-    bad = fast_sbc(logistic, logistic.make_step(logistic.model, broken=10.0), 60)
+    bad = fast_sbc(logistic, logistic.make_step(logistic.model, broken=10.0), 40)
     assert bad.pvalues["w[0]"] < P_MIN, bad.pvalues
 
 
