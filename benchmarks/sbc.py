@@ -36,6 +36,7 @@ from support.sbc import (
     SBCResult,
     detection_power,
     rank_counts,
+    reps_for_power,
     run_sbc,
     selector_problem,
 )
@@ -140,6 +141,21 @@ def summary(res: SBCResult) -> dict:
     }
 
 
+def from_summary(d: dict) -> SBCResult:
+    """Rebuild a result from its JSON record (:func:`summary`)."""
+    return SBCResult(
+        d["problem"],
+        d["setting"],
+        N_DRAWS,
+        N_BINS,
+        {q: np.asarray(r) for q, r in d["ranks"].items()},
+        d["seconds"],
+        d["audits"],
+        d["audit_errors"],
+        d["info"],
+    )
+
+
 # -- the delta study ----------------------------------------------------------------------
 
 
@@ -172,18 +188,20 @@ def delta_study(deltas, reps: int, seed: int) -> list[SBCResult]:
 def delta_rows(results: list[SBCResult], target_reps: int) -> list[str]:
     """Markdown rows of the δ study: error rate, X², p, effect size, power at ``target_reps``."""
     rows = [
-        "| δ | replications | audited decisions | wrong (rate) | X² (9 d.o.f.) | p | ŵ² "
-        f"| power at {target_reps} reps, α = {ALPHA:g} |",
-        "|---|---|---|---|---|---|---|---|",
+        "| δ | replications | audited decisions | wrong (rate) | X² (9 d.o.f.) | p | ŵ² ± se "
+        f"| power at {target_reps} reps, α = {ALPHA:g} | reps for power 0.8 at ŵ² + 2 se |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
         x2 = res.statistics["k"]
         w2, power = detection_power(x2, res.reps, res.n_bins, target_reps, ALPHA)
+        se = np.sqrt(2 * (res.n_bins - 1) + 4 * w2 * res.reps) / res.reps
+        need = reps_for_power(w2 + 2 * se, res.n_bins, 0.8, ALPHA)
         rate = res.audit_errors / res.audits if res.audits else float("nan")
         rows.append(
             f"| {res.setting.split('=')[1]} | {res.reps} | {res.audits} | "
             f"{res.audit_errors} ({rate:.2%}) | {x2:.1f} | {res.pvalues['k']:.3g} | "
-            f"{w2:.4f} | {power:.2f} |"
+            f"{w2:.4f} ± {se:.4f} | {power:.2f} | {need:,.0f} |"
         )
     return rows
 
@@ -208,7 +226,11 @@ def main() -> None:  # noqa: D103
     record = json.loads(json_path.read_text()) if json_path.exists() else {}
     record.update({"L": N_DRAWS, "bins": N_BINS})
     record.setdefault("problems", {})
-    if args.rewrite:
+    if args.rewrite:  # tables recomputed from the ranks kept in the JSON record
+        for name, results in record["problems"].items():
+            record[f"rows_{name}"] = table_rows([from_summary(d) for d in results])
+        if "delta" in record:
+            record["rows_delta"] = delta_rows([from_summary(d) for d in record["delta"]], 1000)
         write(record, suffix, args)
         return
     for name in (n for n in only if n in PROBLEMS):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pymc as pm
-from scipy import stats
+from scipy import optimize, stats
 
 from pymc_subsample import PliableRejection, RacingMetropolis, SubsampledCategoricalGibbs
 
@@ -53,6 +53,7 @@ __all__ = [
     "logistic_problem",
     "rank_counts",
     "rank_uniformity",
+    "reps_for_power",
     "run_sbc",
     "sbc_rank",
     "selector_problem",
@@ -167,6 +168,33 @@ def detection_power(
     if w2 == 0.0:
         return 0.0, alpha
     return w2, float(stats.ncx2.sf(crit, dof, w2 * target_reps))
+
+
+def reps_for_power(w2: float, n_bins: int, power: float = 0.8, alpha: float = 0.01) -> float:
+    r"""Replications at which the chi-square rank test reaches ``power`` for effect size ``w2``.
+
+    The smallest :math:`R` with :math:`P(\chi^2_{B-1}(R\,w^2) > \chi^2_{B-1, 1-\alpha})
+    \ge` ``power`` (see :func:`detection_power`); ``inf`` when ``w2`` is 0.
+
+    Parameters
+    ----------
+    w2 : float
+        Squared effect size :math:`w^2` of the rank distribution.
+    n_bins : int
+        :math:`B`.
+    power, alpha : float
+        Target power and level of the test.
+
+    Returns
+    -------
+    float
+    """
+    if w2 <= 0.0:
+        return float("inf")
+    dof = n_bins - 1
+    crit = stats.chi2.ppf(1.0 - alpha, dof)
+    lam = optimize.brentq(lambda x: stats.ncx2.sf(crit, dof, x) - power, 1e-9, 1e6)
+    return float(lam / w2)
 
 
 # -- problems -----------------------------------------------------------------------------
