@@ -50,6 +50,7 @@ REPS = {"selector": (1000, 100), "logistic": (400, 40), "bimodal": (100, 8)}
 DELTAS = ((0.05, 0.2, 0.4, 0.6, 0.8, 0.95), (0.05, 0.95))
 DELTA_REPS = (1000, 100)
 N_DRAWS, N_BINS, ALPHA = 19, 10, 0.01
+DELTA_TITLE = "SBC of the selector's race (whole schedule) by δ"
 
 
 def sbc_setting(problem, setting: str, reps: int, seed: int) -> SBCResult:
@@ -71,45 +72,46 @@ def sbc_setting(problem, setting: str, reps: int, seed: int) -> SBCResult:
 
 
 def plot_ranks(results: list[SBCResult], path: Path, title: str) -> None:
-    """Rank histograms (a row per setting, a column per quantity) with the 99% band."""
+    """Rank histograms with the 99% band of a uniform bin count.
+
+    A row per setting and a column per quantity; a single row of settings when
+    there is one quantity.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     quantities = list(results[0].ranks)
+    panels = [[(res, q) for q in quantities] for res in results]
+    if len(quantities) == 1:
+        panels = [[row[0] for row in panels]]
+    n_rows, n_cols = len(panels), len(panels[0])
     fig, axes = plt.subplots(
-        len(results),
-        len(quantities),
-        figsize=(2.9 * len(quantities) + 0.6, 1.9 * len(results) + 0.6),
+        n_rows,
+        n_cols,
+        figsize=(2.7 * n_cols + 0.5, 1.9 * n_rows + 0.9),
         squeeze=False,
-        sharex=True,
     )
-    for row, res in zip(axes, results, strict=True):
-        for ax, q in zip(row, quantities, strict=True):
+    for row_axes, row in zip(axes, panels, strict=True):
+        for ax, (res, q) in zip(row_axes, row, strict=True):
             counts = rank_counts(res.ranks[q], res.n_draws, res.n_bins)
             width = (res.n_draws + 1) // res.n_bins
             lo, hi = stats.binom.interval(0.99, res.reps, 1.0 / res.n_bins)
             ax.axhspan(lo, hi, color="0.88", lw=0)
             ax.axhline(res.reps / res.n_bins, color="0.5", lw=0.8)
             color = "C3" if res.pvalues[q] < ALPHA else "C0"
-            ax.bar(
-                np.arange(res.n_bins) * width, counts, width=width * 0.9, align="edge", color=color
-            )
-            ax.set_title(f"{res.setting}: {q}, p = {res.pvalues[q]:.3g}", fontsize=8)
+            left = np.arange(res.n_bins) * width
+            ax.bar(left, counts, width=width * 0.9, align="edge", color=color)
+            ax.set_xticks(np.arange(0, res.n_draws + 2, 4))
+            ax.set_title(f"{res.setting}: {q}\np = {res.pvalues[q]:.3g}", fontsize=8)
             ax.tick_params(labelsize=7)
-        row[0].set_ylabel(f"count of {row_reps(res)}", fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel(f"rank among L = {results[0].n_draws} draws", fontsize=7)
-    fig.suptitle(title + " (grey: 99% band of a uniform bin count; red: p < 0.01)", fontsize=8)
+            ax.set_xlabel(f"rank among L = {res.n_draws}", fontsize=7)
+        row_axes[0].set_ylabel(f"count of {row[0][0].reps} reps", fontsize=7)
+    fig.suptitle(title + "\ngrey: 99% band of a uniform bin count; red: p < 0.01", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def row_reps(res: SBCResult) -> str:
-    """Label of a row's replications."""
-    return f"{res.reps} reps"
 
 
 def table_rows(results: list[SBCResult]) -> list[str]:
@@ -228,9 +230,13 @@ def main() -> None:  # noqa: D103
     record.setdefault("problems", {})
     if args.rewrite:  # tables recomputed from the ranks kept in the JSON record
         for name, results in record["problems"].items():
-            record[f"rows_{name}"] = table_rows([from_summary(d) for d in results])
+            results = [from_summary(d) for d in results]
+            record[f"rows_{name}"] = table_rows(results)
+            plot_ranks(results, FIGURES / f"sbc_{name}{suffix}.png", f"SBC, {name}")
         if "delta" in record:
-            record["rows_delta"] = delta_rows([from_summary(d) for d in record["delta"]], 1000)
+            results = [from_summary(d) for d in record["delta"]]
+            record["rows_delta"] = delta_rows(results, 1000)
+            plot_ranks(results, FIGURES / f"sbc_delta{suffix}.png", DELTA_TITLE)
         write(record, suffix, args)
         return
     for name in (n for n in only if n in PROBLEMS):
@@ -253,7 +259,7 @@ def main() -> None:  # noqa: D103
         plot_ranks(
             results,
             FIGURES / f"sbc_delta{suffix}.png",
-            "SBC of the selector's race (whole schedule) by δ",
+            DELTA_TITLE,
         )
         record["delta"] = [summary(r) for r in results]
         record["rows_delta"] = delta_rows(results, 1000)
