@@ -191,7 +191,8 @@ def delta_rows(results: list[SBCResult], target_reps: int) -> list[str]:
     """Markdown rows of the δ study: error rate, X², p, effect size, power at ``target_reps``."""
     rows = [
         "| δ | replications | audited decisions | wrong (rate) | X² (9 d.o.f.) | p | ŵ² ± se "
-        f"| power at {target_reps} reps, α = {ALPHA:g} | reps for power 0.8 at ŵ² + 2 se |",
+        f"| power at {target_reps} reps, α = {ALPHA:g}: at ŵ², at ŵ² + 2 se "
+        "| reps for power 0.8 at ŵ² + 2 se |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for res in results:
@@ -199,11 +200,14 @@ def delta_rows(results: list[SBCResult], target_reps: int) -> list[str]:
         w2, power = detection_power(x2, res.reps, res.n_bins, target_reps, ALPHA)
         se = np.sqrt(2 * (res.n_bins - 1) + 4 * w2 * res.reps) / res.reps
         need = reps_for_power(w2 + 2 * se, res.n_bins, 0.8, ALPHA)
+        upper = detection_power(
+            (res.n_bins - 1) + (w2 + 2 * se) * res.reps, res.reps, res.n_bins, target_reps, ALPHA
+        )[1]
         rate = res.audit_errors / res.audits if res.audits else float("nan")
         rows.append(
             f"| {res.setting.split('=')[1]} | {res.reps} | {res.audits} | "
             f"{res.audit_errors} ({rate:.2%}) | {x2:.1f} | {res.pvalues['k']:.3g} | "
-            f"{w2:.4f} ± {se:.4f} | {power:.2f} | {need:,.0f} |"
+            f"{w2:.4f} ± {se:.4f} | {power:.2f}, {upper:.2f} | {need:,.0f} |"
         )
     return rows
 
@@ -216,6 +220,9 @@ def main() -> None:  # noqa: D103
     parser.add_argument("--only", default="selector,logistic,bimodal,delta")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--deltas", default=None, help="δ grid, e.g. 0.8,0.95 (a repeat: kept apart by its seed)"
+    )
+    parser.add_argument(
         "--rewrite", action="store_true", help="only rewrite the Markdown table from the JSON"
     )
     args = parser.parse_args()
@@ -227,16 +234,18 @@ def main() -> None:  # noqa: D103
     json_path = TABLES / f"sbc{suffix}.json"
     record = json.loads(json_path.read_text()) if json_path.exists() else {}
     record.update({"L": N_DRAWS, "bins": N_BINS})
+    record.setdefault("seed", args.seed)
     record.setdefault("problems", {})
     if args.rewrite:  # tables recomputed from the ranks kept in the JSON record
         for name, results in record["problems"].items():
             results = [from_summary(d) for d in results]
             record[f"rows_{name}"] = table_rows(results)
             plot_ranks(results, FIGURES / f"sbc_{name}{suffix}.png", f"SBC, {name}")
-        if "delta" in record:
-            results = [from_summary(d) for d in record["delta"]]
-            record["rows_delta"] = delta_rows(results, 1000)
-            plot_ranks(results, FIGURES / f"sbc_delta{suffix}.png", DELTA_TITLE)
+        for key in [k for k in record if k.startswith("delta")]:
+            results = [from_summary(d) for d in record[key]]
+            record[f"rows_{key}"] = delta_rows(results, 1000)
+            if key == "delta":
+                plot_ranks(results, FIGURES / f"sbc_delta{suffix}.png", DELTA_TITLE)
         write(record, suffix, args)
         return
     for name in (n for n in only if n in PROBLEMS):
@@ -255,14 +264,13 @@ def main() -> None:  # noqa: D103
     if "delta" in only:
         delta_reps = args.delta_reps or DELTA_REPS[mode]
         print("delta study", flush=True)
-        results = delta_study(DELTAS[mode], delta_reps, args.seed)
-        plot_ranks(
-            results,
-            FIGURES / f"sbc_delta{suffix}.png",
-            DELTA_TITLE,
-        )
-        record["delta"] = [summary(r) for r in results]
-        record["rows_delta"] = delta_rows(results, 1000)
+        deltas = [float(d) for d in args.deltas.split(",")] if args.deltas else DELTAS[mode]
+        results = delta_study(deltas, delta_reps, args.seed)
+        key = "delta" if args.deltas is None else f"delta_repeat_seed{args.seed}"
+        if key == "delta":
+            plot_ranks(results, FIGURES / f"sbc_delta{suffix}.png", DELTA_TITLE)
+        record[key] = [summary(r) for r in results]
+        record[f"rows_{key}"] = delta_rows(results, 1000)
         write(record, suffix, args)
 
 
@@ -282,8 +290,9 @@ def write(record: dict, suffix: str, args) -> None:
     ]
     for name in PROBLEMS:
         lines += record.get(f"rows_{name}", [])
-    if "rows_delta" in record:
-        lines += ["", *record["rows_delta"]]
+    for key in [k for k in record if k.startswith("rows_delta")]:
+        seed = key.split("seed")[1] if "seed" in key else record.get("seed", 1)
+        lines += ["", f"δ study (seed {seed}):", "", *record[key]]
     (TABLES / f"sbc{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
