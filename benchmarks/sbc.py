@@ -84,17 +84,21 @@ def plot_ranks(results: list[SBCResult], path: Path, title: str) -> None:
 
     quantities = list(results[0].ranks)
     panels = [[(res, q) for q in quantities] for res in results]
-    if len(quantities) == 1:
-        panels = [[row[0] for row in panels]]
-    n_rows, n_cols = len(panels), len(panels[0])
+    if len(quantities) == 1:  # rows of at most four settings
+        flat = [row[0] for row in panels]
+        per_row = min(4, len(flat)) if len(flat) != 6 else 3
+        panels = [flat[i : i + per_row] for i in range(0, len(flat), per_row)]
+    n_rows, n_cols = len(panels), max(len(row) for row in panels)
     fig, axes = plt.subplots(
         n_rows,
         n_cols,
         figsize=(2.7 * n_cols + 0.5, 1.9 * n_rows + 0.9),
         squeeze=False,
     )
+    for ax in axes.ravel()[sum(len(row) for row in panels) :]:
+        ax.set_visible(False)
     for row_axes, row in zip(axes, panels, strict=True):
-        for ax, (res, q) in zip(row_axes, row, strict=True):
+        for ax, (res, q) in zip(row_axes, row, strict=False):
             counts = rank_counts(res.ranks[q], res.n_draws, res.n_bins)
             width = (res.n_draws + 1) // res.n_bins
             lo, hi = stats.binom.interval(0.99, res.reps, 1.0 / res.n_bins)
@@ -155,6 +159,22 @@ def from_summary(d: dict) -> SBCResult:
         d["audits"],
         d["audit_errors"],
         d["info"],
+    )
+
+
+def pool(runs: list[SBCResult]) -> SBCResult:
+    """Concatenate the replications of runs of the same setting (different seeds)."""
+    first = runs[0]
+    return SBCResult(
+        first.problem,
+        first.setting,
+        first.n_draws,
+        first.n_bins,
+        {q: np.concatenate([r.ranks[q] for r in runs]) for q in first.ranks},
+        sum(r.seconds for r in runs),
+        sum(r.audits for r in runs),
+        sum(r.audit_errors for r in runs),
+        first.info,
     )
 
 
@@ -241,11 +261,17 @@ def main() -> None:  # noqa: D103
             results = [from_summary(d) for d in results]
             record[f"rows_{name}"] = table_rows(results)
             plot_ranks(results, FIGURES / f"sbc_{name}{suffix}.png", f"SBC, {name}")
+        by_delta: dict[str, list[SBCResult]] = {}
         for key in [k for k in record if k.startswith("delta")]:
             results = [from_summary(d) for d in record[key]]
             record[f"rows_{key}"] = delta_rows(results, 1000)
             if key == "delta":
                 plot_ranks(results, FIGURES / f"sbc_delta{suffix}.png", DELTA_TITLE)
+            for res in results:
+                by_delta.setdefault(res.setting, []).append(res)
+        pooled = [pool(runs) for runs in by_delta.values() if len(runs) > 1]
+        if pooled:
+            record["rows_delta_pooled_seeds"] = delta_rows(pooled, 1000)
         write(record, suffix, args)
         return
     for name in (n for n in only if n in PROBLEMS):
@@ -291,8 +317,11 @@ def write(record: dict, suffix: str, args) -> None:
     for name in PROBLEMS:
         lines += record.get(f"rows_{name}", [])
     for key in [k for k in record if k.startswith("rows_delta")]:
-        seed = key.split("seed")[1] if "seed" in key else record.get("seed", 1)
-        lines += ["", f"δ study (seed {seed}):", "", *record[key]]
+        if key.endswith("pooled_seeds"):
+            label = "δ study, the replications of both seeds pooled"
+        else:
+            label = f"δ study (seed {key.split('seed')[1] if 'seed' in key else record['seed']})"
+        lines += ["", label + ":", "", *record[key]]
     (TABLES / f"sbc{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
