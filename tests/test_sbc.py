@@ -56,19 +56,19 @@ def fast_sbc(problem, step, reps):
 
 def test_gibbs_race_is_calibrated_and_a_wrong_conditional_is_not(selector):
     """SubsampledCategoricalGibbs racing on N = 2000: uniform ranks; one nat per value off: not."""
-    good = fast_sbc(selector, selector.make_step(selector.model, **RACING), 200)
+    good = fast_sbc(selector, selector.make_step(selector.model, **RACING), 300)
     assert good.audits > 0  # the race ran (audited decisions only come from races)
     assert smallest_p(good) > P_MIN, good.pvalues
-    bad = fast_sbc(selector, selector.make_step(selector.model, broken=1.0, **RACING), 200)
+    bad = fast_sbc(selector, selector.make_step(selector.model, broken=1.0, **RACING), 300)
     assert bad.pvalues["k"] < P_MIN, bad.pvalues
 
 
 def test_racing_metropolis_is_calibrated_and_a_wrong_ratio_is_not(logistic):
     """RacingMetropolis (defaults) on a logistic regression; a tilted log ratio is rejected."""
-    good = fast_sbc(logistic, logistic.make_step(logistic.model), 40)
+    good = fast_sbc(logistic, logistic.make_step(logistic.model), 60)
     assert good.audits > 0
     assert smallest_p(good) > P_MIN, good.pvalues
-    bad = fast_sbc(logistic, logistic.make_step(logistic.model, broken=10.0), 40)
+    bad = fast_sbc(logistic, logistic.make_step(logistic.model, broken=10.0), 60)
     assert bad.pvalues["w[0]"] < P_MIN, bad.pvalues
 
 
