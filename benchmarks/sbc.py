@@ -124,9 +124,11 @@ def table_rows(results: list[SBCResult]) -> list[str]:
     for res in results:
         ps = ", ".join(f"{q}: {p:.3g}" for q, p in res.pvalues.items())
         audit = f"{res.audit_errors} / {res.audits}" if res.audits else "–"
+        continuous = res.problem != "selector"
+        frozen = res.frozen if res.frozen is not None and continuous else "–"
         rows.append(
             f"| {res.problem} | {res.setting} | {res.reps} | {ps} | {res.min_pvalue:.3g} | "
-            f"{audit} | {res.seconds:.0f} | {res.info} |"
+            f"{audit} | {frozen} | {res.seconds:.0f} | {res.info} |"
         )
     return rows
 
@@ -143,6 +145,7 @@ def summary(res: SBCResult) -> dict:
         "audits": res.audits,
         "audit_errors": res.audit_errors,
         "info": res.info,
+        "frozen": res.frozen,
         "ranks": {q: r.tolist() for q, r in res.ranks.items()},
     }
 
@@ -159,6 +162,7 @@ def from_summary(d: dict) -> SBCResult:
         d["audits"],
         d["audit_errors"],
         d["info"],
+        d.get("frozen"),
     )
 
 
@@ -311,8 +315,8 @@ def write(record: dict, suffix: str, args) -> None:
         f"{N_BINS} bins of 2 ranks.",
         "",
         "| problem | setting | replications | chi-square p per quantity | smallest p "
-        "| audits wrong / run | seconds | resolved settings |",
-        "|---|---|---|---|---|---|---|---|",
+        "| audits wrong / run | chains that never moved | seconds | resolved settings |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in PROBLEMS:
         lines += record.get(f"rows_{name}", [])

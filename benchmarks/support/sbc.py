@@ -463,6 +463,9 @@ class SBCResult:
         the exact decision, summed over replications.
     info : str
         The step's resolved settings.
+    frozen : int or None
+        Replications in which a continuous parameter kept one value over all
+        :math:`L` kept draws (a chain that never moved); None when not counted.
     """
 
     problem: str
@@ -474,6 +477,7 @@ class SBCResult:
     audits: int = 0
     audit_errors: int = 0
     info: str = ""
+    frozen: int | None = None
 
     @property
     def reps(self) -> int:
@@ -550,7 +554,7 @@ def run_sbc(
     rng = np.random.default_rng(seed)
     init = problem.model.initial_point() if driver == "loop" else None
     ranks = {q: np.empty(reps, dtype=np.int64) for q in problem.quantities}
-    audits = errors = 0
+    audits = errors = frozen = 0
     log = logging.getLogger("pymc")
     level = log.level
     start = time.perf_counter()
@@ -567,6 +571,9 @@ def run_sbc(
             else:
                 draws = _pm_sample_chain(problem, step, n_draws * problem.thin, chain_seed)
             kept = {v: draws[v][problem.thin - 1 :: problem.thin] for v in params}
+            frozen += any(
+                np.issubdtype(d.dtype, np.floating) and np.all(d == d[0]) for d in kept.values()
+            )
             for q, fn in problem.quantities.items():
                 post = np.array([fn({v: d[i] for v, d in kept.items()}) for i in range(n_draws)])
                 ranks[q][r] = sbc_rank(fn(params), post, rng)
@@ -583,6 +590,7 @@ def run_sbc(
         time.perf_counter() - start,
         audits,
         errors,
+        frozen=frozen,
     )
 
 
