@@ -19,7 +19,11 @@ replications (:func:`support.sbc.detection_power`).
 
 Run ``python benchmarks/sbc.py [--quick] [--reps R] [--only selector,logistic,bimodal,delta]``.
 Writes ``docs/results/tables/sbc.md`` and ``sbc.json`` (``--quick``:
-``sbc_quick.*``) and the figures ``docs/results/figures/sbc_*.png``.
+``sbc_quick.*``) and the figures ``docs/results/figures/sbc_*.png``; parts run
+later are merged into the JSON record. ``--only delta --deltas 0.4,0.8,0.95
+--seed 2`` repeats part of the δ grid with another seed (kept apart, and pooled
+with the first run in the table); ``--rewrite`` recomputes the tables and
+figures from the ranks kept in the JSON record.
 """
 
 from __future__ import annotations
