@@ -61,7 +61,9 @@ def sbc_setting(problem, setting: str, reps: int, seed: int) -> SBCResult:
     """Build the step of ``setting`` once and run SBC; note its resolved settings."""
     step = problem.make_step(problem.model, **problem.settings[setting])
     res = run_sbc(problem, step, reps, n_draws=N_DRAWS, n_bins=N_BINS, seed=seed, setting=setting)
-    if hasattr(step, "exact_after"):
+    if getattr(step, "bound", None) == "exact":
+        res.info = "bound='exact': every decision on all N observations"
+    elif hasattr(step, "exact_after"):
         mode = "exact" if step.decides_exactly else "racing"
         res.info = (
             f"{mode}: batch_size={step.batch_size}, exact after {step.exact_after} "
