@@ -538,8 +538,8 @@ def run_sbc(
     driver : {"pm.sample", "loop"}
         ``"pm.sample"`` (default): each replication is a ``pm.sample`` call,
         which rebuilds the model's log density graph and compiles its trace
-        and initial-point functions every time (about 0.1 s per call on the
-        reference machine, more than the selector's draws cost). ``"loop"``:
+        and initial-point functions every time (tens of milliseconds per
+        call, more than the selector's draws cost). ``"loop"``:
         the chain loop of ``pm.sample`` for one chain without that set-up
         (``setup_chain``, ``reset_tuning``, ``stop_tuning`` after the tuning
         draws, ``step``), from the model's initial point computed once; the
