@@ -14,5 +14,5 @@ Modules: :mod:`support.synthetic` (the reward populations of the bandit study
 of Chen & Ghahramani 2016), :mod:`support.targets` and
 :mod:`support.baselines` (the targets and baselines of Erraqabi et al. 2016),
 :mod:`support.models` (the regression models of the RacingMetropolis
-benchmarks).
+benchmarks), :mod:`support.sbc` (simulation-based calibration of the steps).
 """
