@@ -14,7 +14,7 @@ TEST_ALL_BUDGET ?= 3600
 TIMEOUT := $(shell command -v timeout 2>/dev/null || command -v gtimeout 2>/dev/null)
 
 help:
-	@echo "make demo      install and run the main demo (quick synthetic racing study)"
+	@echo "make demo      install and run the main demo (ARCH order selection on S&P 500 returns, quick)"
 	@echo "make test      install with the test and docs extras; run lint, the test suite, the docs build"
 	@echo "make test-all  also run the slow statistical tests (pytest stopped after TEST_ALL_BUDGET=$(TEST_ALL_BUDGET) s)"
 	@echo "make docs      build the documentation into docs/_build/html"
@@ -32,7 +32,7 @@ $(VENV)/.stamp-%: pyproject.toml | $(BIN)/python
 	@touch $@
 
 demo: $(VENV)/.stamp-examples
-	$(BIN)/python benchmarks/bandit_study.py --quick
+	$(BIN)/python examples/arch_selection.py --quick
 
 lint: $(VENV)/.stamp-test,docs
 	$(BIN)/ruff check .

@@ -66,6 +66,7 @@ Q_MAX = max(Q_GRID)
 N_RETURNS = 13_000
 A0_SD, A_SD, NU_RATE = 1.0, 0.2, 0.1
 SCALE = 0.01  # of the scaled softplus transform
+MAX_PILOT_SHIFT = 5.0  # nats: the pilot's largest correction of the evidence-based prior
 
 
 # -- data ----------------------------------------------------------------------------
@@ -358,13 +359,18 @@ def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> n
     Wang & Landau (2001)'s flat-histogram update, as adaptive MCMC: after each
     draw the log prior of the visited order falls by :math:`\gamma_t =
     \min(1, 6/t)`, which pushes the chain out of orders it over-visits; the
-    prior is then fixed for the real runs.
+    prior is then fixed for the real runs. The starting ``log_prior_q`` is
+    minus the importance-sampling log evidences, the adjusted prior that makes
+    the adjusted posterior uniform up to their error; a pilot stuck in one order
+    would push it far off, so the pilot's correction is kept within
+    ``MAX_PILOT_SHIFT`` nats.
     """
     rng = np.random.default_rng(seed)
     for s in steps:
         s.setup_chain(rng, tune=draws, draws=0)
     shared = model["log_prior_q"]
     log_prior_q = np.array(log_prior_q, dtype=float)
+    initial = log_prior_q.copy()
     point = model.initial_point() | reference_point(pseudo)
     visits = np.zeros(len(Q_GRID), dtype=int)
     since = 0  # draws since every order was visited
@@ -375,6 +381,7 @@ def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> n
         visits[j] += 1
         since += bool(visits.all())
         log_prior_q[j] -= min(1.0, len(Q_GRID) / max(since, 1))
+        log_prior_q = initial + np.clip(log_prior_q - initial, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
         shared.set_value(log_prior_q - log_prior_q.max())
     print(f"pilot visits per order: {visits.tolist()}", flush=True)
     return log_prior_q - log_prior_q.max()
