@@ -33,6 +33,7 @@ __all__ = ["PROPOSALS", "RacingMetropolis"]
 PROPOSALS = ("hmc", "normal", "langevin")
 _FULL_STENCIL_MAX_DIM = 12  # above: the exact Taylor expansion by automatic differentiation
 _TARGET_HMC = 0.8
+_TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
 
 
 class RacingMetropolis(RacingStep):
@@ -67,7 +68,10 @@ class RacingMetropolis(RacingStep):
         surrogate :math:`\log f_0 + \sum_n h_n`, the momentum flipped at the
         end; it costs :math:`O(d^2)` and a gradient of :math:`\log f_0` per step
         and reads no data; the step size is tuned by dual averaging towards an
-        acceptance of 0.8 (Hoffman & Gelman 2014). ``"normal"``: Gaussian
+        acceptance of 0.8 of the leapfrog integrator on the surrogate (Hoffman &
+        Gelman 2014), and the path length, during tuning, towards an acceptance
+        of 0.4 of the exact test (where the surrogate misfits the posterior,
+        shorter paths are accepted more often). ``"normal"``: Gaussian
         random walk, preconditioned by :math:`M^{-1}` unless ``scaling`` is
         given. ``"langevin"``: stochastic-gradient Langevin proposal
         :math:`\theta' = \theta + \frac{\epsilon^2}{2} g(\theta) + \epsilon z`
@@ -82,7 +86,8 @@ class RacingMetropolis(RacingStep):
         absolute isotropic scale, as ``pm.Metropolis``'s. ``"langevin"``:
         :math:`\epsilon` (default 1). Tuned during tuning.
     path_length : float
-        ``"hmc"``: integration time; the number of leapfrog steps is
+        ``"hmc"``: initial integration time (adapted during tuning, at most
+        this value); the number of leapfrog steps is
         ``ceil(path_length / step size)``, at most 100.
     tune_interval : int
         Draws between scale updates during tuning (``"normal"``, ``"langevin"``).
@@ -261,6 +266,7 @@ class RacingMetropolis(RacingStep):
         self.scaling = np.full(self.dim, scale) if self.elemwise else scale
         self._dual = _DualAveraging(np.log(scale)) if self.proposal == "hmc" else None
         self._accept_sum, self._accept_n, self._integrator_accept = 0.0, 0, 1.0
+        self._path = self.path_length
         self._reset_interval()
 
     def _reset_interval(self) -> None:
@@ -432,11 +438,13 @@ class RacingMetropolis(RacingStep):
             if decrement < 1e-3 * self.dim:  # converged: keep the expansion at x
                 break
             x = x_new
-            if decrement < 10 * self.dim:  # one more stencil at the new point and done
+            if decrement < 10 * self.dim:  # one more stencil at the new point
                 sur, cost = self._surrogate_at(x, eps, point)
                 spent += cost
                 neg_h = _positive_definite(-(sur.hess + self._f0_hessian(x, point, eps)))
-                break
+                grad = sur.grad + self._f0_grad(x, point)
+                if float(grad @ np.linalg.solve(neg_h, grad)) < self.dim:
+                    break  # within about one posterior sd of the mode: done
         self._set_surrogate(sur, neg_h)
         return x, spent
 
@@ -497,7 +505,7 @@ class RacingMetropolis(RacingStep):
         """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
         sur, inv_mass = self.surrogate, self._inv_mass
         eps = float(self.scaling) * self.rng.uniform(0.9, 1.1)
-        n_steps = int(min(100, max(1, np.ceil(self.path_length / eps))))
+        n_steps = int(min(100, max(1, np.ceil(self._path / eps))))
         p = self._chol_mass @ self.rng.standard_normal(self.dim)
         kinetic0 = 0.5 * p @ inv_mass @ p
 
@@ -671,6 +679,11 @@ class RacingMetropolis(RacingStep):
             rate = float(accept[0]) if np.isfinite(accept[0]) else 0.0
             self._accept_sum += rate
             self._accept_n += 1
+            # Robbins-Monro on log(path length) towards the exact test's target acceptance
+            gain = 1.0 / np.sqrt(self._accept_n)
+            self._path = float(
+                np.clip(self._path * np.exp(gain * (rate - _TARGET_PATH)), 0.05, self.path_length)
+            )
             self.scaling = float(np.exp(self._dual.update(self._integrator_accept, _TARGET_HMC)))
             return
         self.accepted_sum = self.accepted_sum + accepted.astype(int)
