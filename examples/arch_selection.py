@@ -481,7 +481,13 @@ def report(runs, log_prior_q, n_obs, build, args) -> None:
             f"| {label} | " + " | ".join(f"{p:.3f}" for p in post)
             + f" | {ess:.0f} | {seconds:.0f} | {ess / seconds:.2f} | {terms:,.0f} | {errors} |"
         )  # fmt: skip
-        summary[label] = {"posterior": post.tolist(), "ess": ess, "seconds": seconds}
+        visits = [np.bincount(c, minlength=len(Q_GRID)).tolist() for c in q.values.astype(int)]
+        summary[label] = {
+            "posterior": post.tolist(),
+            "ess": ess,
+            "seconds": seconds,
+            "visits_per_chain": visits,  # draws of each order, adjusted prior
+        }
     table = "\n".join(rows)
     print(table)
     OUT.mkdir(parents=True, exist_ok=True)
