@@ -676,7 +676,9 @@ class RacingMetropolis(RacingStep):
 
     def _tune_step(self, accepted: np.ndarray, accept: np.ndarray) -> None:
         if self._dual is not None:  # hmc: dual averaging on the log step size
-            rate = float(accept[0]) if np.isfinite(accept[0]) else 0.0
+            # the decision itself, not the race's estimate of the acceptance probability
+            # (a race that stops early estimates it from part of the data)
+            rate = float(accepted[0])
             self._accept_sum += rate
             self._accept_n += 1
             # Robbins-Monro on log(path length) towards the exact test's target acceptance
