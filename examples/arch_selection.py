@@ -423,11 +423,9 @@ def main():
     log_prior_q = -(evidence - evidence.max())
     model = product_space_model(r, lags, log_prior_q, pseudo)
     print(f"pseudopriors in {time.perf_counter() - t0:.0f} s", flush=True)
-    t0 = time.perf_counter()
     with model:
-        steps = racing_steps(model, pseudo)  # built once: the pilot and the racing run
-    build = time.perf_counter() - t0
-    log_prior_q = adjust_priors(model, steps, pseudo, log_prior_q, pilot, seed=11)
+        pilot_steps = racing_steps(model, pseudo)
+    log_prior_q = adjust_priors(model, pilot_steps, pseudo, log_prior_q, pilot, seed=11)
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
     print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
@@ -439,6 +437,9 @@ def main():
     }
     runs = {}
     with model:
+        t0 = time.perf_counter()
+        steps = racing_steps(model, pseudo)  # fresh, as for the exact run
+        build = time.perf_counter() - t0
         runs["racing (ours, defaults)"] = (
             *run("racing", model, steps, draws, tune, 3, start),
             False,

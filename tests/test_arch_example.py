@@ -70,7 +70,9 @@ def test_short_run_agrees_with_the_exact_steps():
         n.removesuffix("_scaled_softplus__"): arch.SCALE * np.logaddexp(0.0, v / arch.SCALE)
         for n, v in arch.reference_point(pseudo).items()
     }
-    racing, _ = arch.run("racing", model, steps, 600, 200, 2, start)
+    with model:
+        racing_steps = arch.racing_steps(model, pseudo)  # fresh, as the example builds them
+    racing, _ = arch.run("racing", model, racing_steps, 600, 200, 2, start)
     with model:
         exact_steps = arch.racing_steps(model, pseudo, "exact")
     exact, _ = arch.run("exact", model, exact_steps, 600, 200, 2, start)
