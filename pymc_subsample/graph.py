@@ -484,6 +484,19 @@ class ObservationTerms:
             return self._window_fn(*cands, start, stop, *others)
         return self.loglik_subset(candidates, self._perm[positions], point)
 
+    def _at_positions(self, positions, window, get_gather, head, tail) -> np.ndarray:
+        """Call ``window(*head, start, stop, *tail)`` on a slice of the permuted copy.
+
+        Otherwise (no copy, or int positions) ``get_gather()(*head, rows, *tail)``
+        on the data rows at ``positions``.
+        """
+        if isinstance(positions, slice) and window is not None:
+            start = np.asarray(positions.start, dtype=np.int64)
+            stop = np.asarray(positions.stop, dtype=np.int64)
+            return window(*head, start, stop, *tail)
+        rows = np.asarray(self._perm[positions], dtype=np.int64)
+        return get_gather()(*head, rows, *tail)
+
     def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
         """Return the data rows at ``positions`` of the current row permutation."""
         return self._perm[positions]
@@ -646,12 +659,7 @@ class ObservationTerms:
         gather, window, _, names = self._expansion_fns
         cands, others = self._exact_arrays(candidates, point)
         ref = self._flat_reference(reference, names)
-        if isinstance(positions, slice) and window is not None:
-            start = np.asarray(positions.start, dtype=np.int64)
-            stop = np.asarray(positions.stop, dtype=np.int64)
-            return window(*cands, start, stop, *others, ref)
-        rows = np.asarray(self._perm[positions], dtype=np.int64)
-        return gather(*cands, rows, *others, ref)
+        return self._at_positions(positions, window, lambda: gather, cands, [*others, ref])
 
     def expansion_sums(
         self, candidates: Sequence[np.ndarray], point: dict, reference: dict
@@ -789,19 +797,21 @@ class ObservationTerms:
         """
         if self._taylor_fns is None:
             self._compile_taylor(shapes)
-        gather, window, _ = self._taylor_fns
+        window = self._taylor_fns[1]
         others = self._other_arrays(point)
         thetas = np.asarray(thetas, dtype=np.float64)
         reference = np.asarray(reference, dtype=np.float64)
-        if isinstance(positions, slice) and window is not None:
-            start = np.asarray(positions.start, dtype=np.int64)
-            stop = np.asarray(positions.stop, dtype=np.int64)
-            return window(thetas, reference, start, stop, *others)
+        return self._at_positions(
+            positions, window, self._taylor_gather, [thetas, reference], others
+        )
+
+    def _taylor_gather(self):
+        """Return the gathered Taylor residuals function, compiled on first use."""
+        gather, window, sums = self._taylor_fns
         if gather is None:
             gather = self._build_taylor_gather()
-            self._taylor_fns = (gather, window, self._taylor_fns[2])
-        rows = np.asarray(self._perm[positions], dtype=np.int64)
-        return gather(thetas, reference, rows, *others)
+            self._taylor_fns = (gather, window, sums)
+        return gather
 
     def taylor_sums(
         self, reference: np.ndarray, point: dict, shapes: Sequence[tuple], window: int | None = None
