@@ -101,16 +101,19 @@ class SubsampledCategoricalGibbs(RacingStep):
         a number for bit-for-bit reproducibility across builds. ``1`` races on
         the whole doubling schedule, as in the paper. The choice is kept in
         :attr:`exact_switch`.
-    batches : {"windows", "random"}
-        ``"windows"`` (default): races read contiguous windows of a
-        row-permuted copy of the per-observation data (one more copy in
-        memory; as cheap per term as a fused pass). ``"random"``: gathers of
-        random rows, no copy (for data that do not fit twice in memory).
+    batches : {"random", "windows"}
+        ``"random"`` (default): every race gathers its own uniformly random
+        rows, drawn without replacement, so each decision is within
+        ``delta`` whatever came before. ``"windows"``: races read contiguous
+        windows of a row-permuted copy of the per-observation data (one more
+        copy in memory; cheaper per term), redrawn every ``shuffle_every``
+        draws; races that share a permutation are dependent, and a chain
+        that keeps one permutation for many draws at small :math:`N` can
+        exceed ``delta`` (the permutation-reuse study on the results
+        pages).
     shuffle_every : int
-        Draws between redraws of the row permutation (each redraw is one pass
-        over the data). Every race stays uniformly random without replacement
-        whatever the value; races that share a permutation are dependent,
-        which the audits in the documentation measure.
+        With ``batches="windows"``: draws between redraws of the row
+        permutation (each redraw is one pass that moves every row).
     control_variates : bool or dict
         Race on the residuals of a second-order expansion of the terms in the
         other continuous variables :math:`\psi` they depend on, around a
@@ -173,7 +176,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         audit_every: int | str = "auto",
         reward_range: float | None = None,
         exact_fraction: float | str = "auto",
-        batches: str = "windows",
+        batches: str = "random",
         shuffle_every: int = 1000,
         control_variates: bool | dict = False,
         model=None,

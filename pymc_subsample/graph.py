@@ -130,13 +130,14 @@ class ObservationTerms:
         Point used to find :math:`N` and to check the subset graph.
     compile_kwargs : dict, optional
         Passed to ``model.compile_fn``.
-    batches : {"windows", "random"}
-        ``"windows"`` (default) keeps a row-permuted copy of every
-        per-observation data input (memory: one more copy of them), so that
-        :meth:`loglik_batch` reads contiguous slices; :meth:`shuffle` redraws
-        the permutation. ``"random"`` keeps no copy: batches are gathers of
-        rows (much dearer per term for cheap terms; see the results pages), for data that do
-        not fit twice in memory.
+    batches : {"random", "windows"}
+        ``"random"`` (default) keeps no copy: batches are gathers of the rows
+        each race draws, fresh for every race. ``"windows"`` keeps a
+        row-permuted copy of every per-observation data input (memory: one
+        more copy of them), so that :meth:`loglik_batch` reads contiguous
+        slices, cheaper per term; :meth:`shuffle` redraws the permutation,
+        one pass that moves every row, and races between redraws share it
+        (see the permutation-reuse study on the results pages).
 
     Attributes
     ----------
@@ -169,7 +170,7 @@ class ObservationTerms:
         data: Sequence | None = None,
         initial_point: dict | None = None,
         compile_kwargs: dict | None = None,
-        batches: str = "windows",
+        batches: str = "random",
     ):
         if batches not in BATCH_LAYOUTS:
             raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
@@ -421,9 +422,11 @@ class ObservationTerms:
 
         Every window of positions read from a uniformly random start is then a
         uniformly random subset of observations drawn without replacement.
-        Without a permuted copy (``batches="random"``) only the permutation
-        itself is redrawn.
+        Without a permuted copy (``batches="random"``) there is nothing to
+        redraw: every race draws its own uniformly random rows.
         """
+        if not self._permuted:
+            return
         self._perm = rng.permutation(self.n_obs)
         for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
             p.set_value(d.get_value(borrow=True)[self._perm], borrow=True)

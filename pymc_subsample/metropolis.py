@@ -170,7 +170,7 @@ class RacingMetropolis(RacingStep):
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         elemwise: bool = False,
-        batches: str = "windows",
+        batches: str = "random",
         shuffle_every: int = 1000,
         model=None,
         rng=None,

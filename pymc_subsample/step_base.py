@@ -76,7 +76,7 @@ class RacingStep(BlockedStep):
         numbers: they change the ``audit_agree`` stats, never the draws.
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
-    batches : {"windows", "random"}
+    batches : {"random", "windows"}
         Batch layout (:class:`~pymc_subsample.graph.ObservationTerms`).
     shuffle_every : int
         Draws between redraws of the row permutation behind ``"windows"``.
@@ -199,7 +199,7 @@ class RacingStep(BlockedStep):
                 batch_size=self.batch_size,
                 reward_range=self.reward_range,
                 exact=self.exact_switch,
-                batches="windows",
+                batches=self.terms.batches,
             )
 
     @property
@@ -218,9 +218,15 @@ class RacingStep(BlockedStep):
         n_obs = self.terms.n_obs
         cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
 
+        rows = np.random.default_rng(0)
+
         def call_seconds(m):
-            window = slice(0, min(m, n_obs))
-            return median_seconds(lambda: self._batch_rewards(cands, window, point))
+            m = min(m, n_obs)
+            if self.terms.batches == "windows":
+                positions = slice(0, m)
+            else:  # a race's gather: random rows, sorted as IndexStream gives them
+                positions = np.sort(rows.choice(n_obs, size=m, replace=False))
+            return median_seconds(lambda: self._batch_rewards(cands, positions, point))
 
         exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
         return fit_round_cost(call_seconds, n_cands, n_obs), exact

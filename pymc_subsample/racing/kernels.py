@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["look_marginal", "look_pairwise", "skewness_squared"]
+__all__ = ["look_marginal", "look_pairwise", "skew_guard", "skewness_squared"]
 
 # reassociation lets sums vectorize; no "nnan"/"ninf": the kernels must see -inf and NaN
 _FAST = {"reassoc", "nsz", "arcp", "contract"}
@@ -159,38 +159,99 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
 
 
 @njit(cache=True, fastmath=_FAST)
+def _g1_squared(batch, lead, i, pairwise):  # pragma: no cover - compiled
+    stride = (batch.shape[1] + 1023) // 1024
+    m = (batch.shape[1] + stride - 1) // stride
+    mu = 0.0
+    for k in range(0, batch.shape[1], stride):
+        mu += batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
+    mu /= m
+    m2 = 0.0
+    m3 = 0.0
+    for k in range(0, batch.shape[1], stride):
+        v = batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
+        c = v - mu
+        m2 += c * c
+        m3 += c * c * c
+    if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
+        return 0.0
+    return m3 * m3 * m / max(m2**3, 1e-300)
+
+
+@njit(cache=True, fastmath=_FAST)
 def skewness_squared(batch, lead, rows, pairwise):  # pragma: no cover - compiled
-    r"""Squared sample skewness :math:`\hat g_1^2` on the first (at most 1024) observations.
+    r"""Squared sample skewness :math:`\hat g_1^2` on at most 1024 observations of the batch.
 
     For each arm in ``rows``: of :math:`l_{\mathrm{lead},n} - l_{i,n}` when
-    ``pairwise``, else of :math:`l_{i,n}`. A batch's observations are in
-    random order, so its first ones are a random sample of it. Cochran's rule
+    ``pairwise``, else of :math:`l_{i,n}`. The observations are every
+    :math:`\lceil m/1024 \rceil`-th of the batch, spread over it (a batch of
+    gathered rows comes in the order of the data, not at random). Cochran's rule
     asks for :math:`T > 25 \hat g_1^2` before trusting a normal approximation
     of the mean of :math:`T` draws.
     """
-    m = min(batch.shape[1], 1024)
     out = np.empty(len(rows))
-    v = np.empty(m)
     for r in range(len(rows)):
-        i = rows[r]
-        if pairwise:
-            for k in range(m):
-                v[k] = batch[lead, k] - batch[i, k]
-        else:
-            for k in range(m):
-                v[k] = batch[i, k]
-        mu = 0.0
-        for k in range(m):
-            mu += v[k]
-        mu /= m
-        m2 = 0.0
-        m3 = 0.0
-        for k in range(m):
-            c = v[k] - mu
-            m2 += c * c
-            m3 += c * c * c
-        if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
-            out[r] = 0.0
-        else:
-            out[r] = m3 * m3 * m / max(m2**3, 1e-300)
+        out[r] = _g1_squared(batch, lead, rows[r], pairwise)
+    return out
+
+
+@njit(cache=True, fastmath=_FAST)
+def skew_guard(
+    batch, lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise
+):  # pragma: no cover - compiled
+    r"""Keep the arms whose elimination rests on a mean too skewed to be near-normal.
+
+    An arm about to be dropped is doubtful when its gap to the leader is
+    below ``cantelli`` standard errors (a larger gap is decisive for any
+    distribution, by Cantelli's inequality). A doubtful arm is kept when
+    Cochran's rule fails, :math:`T < 25 \hat g_1^2`
+    (:func:`skewness_squared`, of its differences with the leader in
+    pairwise mode). In marginal mode, a leader that fails the rule keeps
+    every arm.
+
+    Parameters
+    ----------
+    batch : numpy.ndarray
+        ``(S, m)`` rewards of the latest look.
+    lead : int
+        Row of the leader.
+    keep : numpy.ndarray
+        ``(S,)`` bool, the bound's verdict.
+    score : numpy.ndarray
+        ``(S,)`` running means plus offsets.
+    m2 : numpy.ndarray
+        ``(S,)`` centred sums of squares (of differences with the leader
+        when ``pairwise``) over ``n_var`` observations.
+    n_var : int
+        Observations behind ``m2``.
+    size, n_obs : int
+        :math:`T` and :math:`N` (finite-population correction).
+    cantelli : float
+        Standard errors beyond which a gap is decisive.
+    pairwise : bool
+        Variance mode.
+
+    Returns
+    -------
+    numpy.ndarray
+        The new ``keep``.
+    """
+    s = len(keep)
+    out = keep.copy()
+    fpc = np.sqrt((n_obs - size) / (n_obs - 1.0) / size)
+    var_lead = max(m2[lead] / n_var, 0.0)
+    lead_checked = False
+    for i in range(s):
+        if keep[i]:
+            continue
+        var = max(m2[i] / n_var, 0.0)
+        sd = np.sqrt(var) if pairwise else np.sqrt(var + var_lead)
+        if score[lead] - score[i] >= cantelli * sd * fpc:
+            continue
+        if not pairwise and not lead_checked:
+            lead_checked = True
+            if size < 25.0 * _g1_squared(batch, lead, lead, False):
+                return np.ones(s, dtype=np.bool_)
+        if size < 25.0 * _g1_squared(batch, lead, i, pairwise):
+            out[i] = True
     return out

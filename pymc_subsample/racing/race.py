@@ -42,7 +42,7 @@ from .common import (
     exact_totals,
     validate_race_args,
 )
-from .kernels import look_marginal, look_pairwise, skewness_squared
+from .kernels import look_marginal, look_pairwise, skew_guard
 from .schedule import CyclicWindows, ExactSwitch, IndexStream, doubling_schedule
 
 __all__ = [
@@ -335,11 +335,14 @@ class SharedRace:
     def hopeless(self, state: RaceState) -> bool:
         r"""Predict that the race will not decide before its exact pass.
 
-        An arm is stuck when its gap to the leader is below the half-width
-        the bound will still have at the last subsampled look,
-        :math:`\hat\mu_{\hat x} - \hat\mu_i < G(T_\text{last})`,
-        with today's standard deviations: the race is unlikely to drop it in
-        time. The race is hopeless when the stuck arms and the leader make at
+        An arm is stuck when its gap to the leader plus two of today's
+        standard errors is below the half-width the bound will still have at
+        the last subsampled look,
+        :math:`\hat\mu_{\hat x} - \hat\mu_i + 2\,\widehat{\mathrm{se}}(T)
+        < G(T_\text{last})`, with today's standard deviations: the race is
+        unlikely to drop it in time. (Without the standard errors, a gap
+        that is only small by chance at a small :math:`T` would send a race
+        that was about to decide into an exact pass over all :math:`N`.) The race is hopeless when the stuck arms and the leader make at
         least half of the survivors: further looks would then not shrink the
         exact pass much. (With many arms, a few stuck neighbours of the leader
         do not stop the race from dropping the others first.) Going exact early
@@ -360,7 +363,10 @@ class SharedRace:
         factor, floor = self._widths[t_last]
         gap = score[lead] - score
         gap[lead] = np.inf
-        stuck = int((gap < factor * np.maximum(sd, floor)).sum())
+        # stuck only when the gap is small with confidence: gap + 2 standard errors today
+        t = state.n_drawn
+        se = 2.0 * sd * np.sqrt((self.n_obs - t) / ((self.n_obs - 1.0) * t))
+        stuck = int((gap + se < factor * np.maximum(sd, floor)).sum())
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
     def _width(self, size: int) -> tuple[float, float]:
@@ -403,7 +409,11 @@ class SharedRace:
         drop = not keep.all()
         if drop and self.normal and self.bound.guards_skew:
             score = mean + self.offsets[alive]
-            keep = self._skew_guard(batch, lead, keep, score, m2, n_ref, size)
+            n_var = max(n_ref, 1) if self.pairwise else size
+            keep = skew_guard(
+                batch, lead, keep, score, m2, n_var, size, self.n_obs, self.bound.cantelli,
+                self.pairwise,
+            )  # fmt: skip
             drop = not keep.all()
         if drop:
             offsets = self.offsets[alive]
@@ -414,26 +424,6 @@ class SharedRace:
             alive, mean, dmean, m2 = alive[rows], mean[rows], dmean[rows], m2[rows]
         winner = int(alive[0]) if len(alive) == 1 else -1
         return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
-
-    def _skew_guard(self, batch, lead, keep, score, m2, n_ref, size) -> np.ndarray:
-        """Cochran's rule on the arms about to be dropped, unless their gap is decisive.
-
-        A gap of at least ``cantelli`` standard errors is decisive by Cantelli's
-        inequality, which holds for any distribution of the rewards; the
-        skewness is computed only for the other arms.
-        """
-        gap = score[lead] - score
-        if self.pairwise:
-            sd = np.sqrt(np.maximum(m2 / max(n_ref, 1), 0.0))
-        else:
-            var = np.maximum(m2 / size, 0.0)
-            sd = np.sqrt(var + var[lead])
-        se = sd * np.sqrt((self.n_obs - size) / (self.n_obs - 1.0) / size)
-        doubtful = ~keep & (gap < self.bound.cantelli * se)
-        if not doubtful.any():
-            return keep
-        guarded = _cochran_guard(batch, lead, keep | ~doubtful, self.pairwise, size)
-        return keep | (guarded & doubtful)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
@@ -475,28 +465,6 @@ class SharedRace:
         return RaceResult(
             state.winner, state.n_evaluations, state.n_rounds, exhausted, state.n_drawn, means
         )
-
-
-def _cochran_guard(batch, lead, keep, pairwise, size) -> np.ndarray:
-    """Keep the arms whose elimination rests on a mean too skewed to be near-normal.
-
-    Cochran's rule: the mean of ``n`` draws is close to normal once
-    ``n > 25 g1**2``; ``g1`` is estimated on (the first 1024 observations of)
-    the latest batch, of the differences with the leader in pairwise mode
-    (:func:`~pymc_subsample.racing.kernels.skewness_squared`). Computed only
-    for the arms about to be dropped.
-    """
-    drop = np.flatnonzero(~keep)
-    if pairwise:
-        g1sq = skewness_squared(batch, lead, drop, True)
-    else:
-        g1sq = skewness_squared(batch, lead, np.append(drop, lead), False)
-        if size < 25.0 * g1sq[-1]:  # the leader's own interval is not trustworthy
-            return np.ones_like(keep)
-        g1sq = g1sq[:-1]
-    keep = keep.copy()
-    keep[drop[size < 25.0 * g1sq]] = True
-    return keep
 
 
 def race_exact(

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 __all__ = [
     "CyclicWindows",
@@ -113,21 +114,71 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
-#: Populations up to this size get a reusable per-thread stamp array (8 bytes each).
-STAMP_LIMIT = 1 << 22
+#: Populations up to this size get a reusable per-thread bitmap of drawn indices (N/8 bytes).
+STAMP_LIMIT = 1 << 31
 _local = threading.local()
 
 
-def _stamp_entry(n: int) -> list:
-    """Per-thread ``[stamps, next_token]`` for a population of size ``n``."""
+@njit(cache=True)
+def _mark_fresh(bits, cand, k, out, start):  # pragma: no cover - compiled
+    """Move the first ``k`` values of ``cand`` not marked in ``bits`` to ``out[start:]``.
+
+    Marks them as it goes; returns how many it found.
+    """
+    got = 0
+    for c in cand:
+        word = c >> 3
+        bit = np.uint8(1 << (c & 7))
+        if bits[word] & bit == 0:
+            bits[word] |= bit
+            out[start + got] = c
+            got += 1
+            if got == k:
+                break
+    return got
+
+
+@njit(cache=True)
+def _bucket_sorted(idx, n):  # pragma: no cover - compiled
+    """Return ``idx`` ordered by its high bits (a counting sort on about ``len(idx)`` buckets).
+
+    Nearly sorted in linear time: a gather in this order reads the rows
+    front to back, which is what sorting buys.
+    """
+    k = len(idx)
+    shift = 0
+    while (n >> shift) > k:
+        shift += 1
+    nb = (n >> shift) + 1
+    counts = np.zeros(nb + 1, dtype=np.int64)
+    for c in idx:
+        counts[(c >> shift) + 1] += 1
+    for b in range(nb):
+        counts[b + 1] += counts[b]
+    out = np.empty(k, dtype=np.int64)
+    for c in idx:
+        b = c >> shift
+        out[counts[b]] = c
+        counts[b] += 1
+    return out
+
+
+@njit(cache=True)
+def _unmark(bits, idx):  # pragma: no cover - compiled
+    for c in idx:
+        bits[c >> 3] &= np.uint8(255 - (1 << (c & 7)))
+
+
+def _bitmap_entry(n: int) -> list:
+    """Per-thread ``[bits, last stream]`` for a population of size ``n``."""
     pool = getattr(_local, "pool", None)
     if pool is None:
         pool = _local.pool = {}
     entry = pool.get(n)
     if entry is None:
-        if sum(len(e[0]) for e in pool.values()) + n > 2 * STAMP_LIMIT:
+        if sum(len(e[0]) for e in pool.values()) + n // 8 > STAMP_LIMIT // 4:
             pool.clear()
-        entry = pool[n] = [np.zeros(n, dtype=np.int64), 1]
+        entry = pool[n] = [np.zeros(n // 8 + 1, dtype=np.uint8), None]
     return entry
 
 
@@ -139,8 +190,9 @@ class IndexStream:
     the first ``k`` indices drawn are a uniformly random ``k``-subset. While
     fewer than half of the population has been drawn, new indices are found by
     rejection against the drawn ones: with ``reuse_stamps`` and
-    :math:`N \le` :data:`STAMP_LIMIT` through a per-thread array of stamps
-    reused by every race (cost
+    :math:`N \le` :data:`STAMP_LIMIT` through a per-thread bitmap of the
+    drawn indices, reused by every race and cleared of the previous race's
+    indices when the next one starts (one compiled pass; cost
     :math:`O(k)` for :math:`k` new indices, whatever was drawn before),
     otherwise through a sorted list of the drawn ones (cost
     :math:`O(T \log T)`); after that the remaining indices are listed once
@@ -172,9 +224,13 @@ class IndexStream:
         self._sorted = np.empty(0, dtype=np.int64)
         self._rest: np.ndarray | None = None
         use = reuse_stamps and self.n <= STAMP_LIMIT
-        self._entry = _stamp_entry(self.n) if use else None
-        if self._entry is not None:
-            self._start = self._entry[1]  # stamps below this belong to earlier streams
+        self._entry = _bitmap_entry(self.n) if use else None
+        if self._entry is not None:  # clear what the previous stream of this size drew
+            bits, previous = self._entry
+            if previous is not None:
+                for chunk in previous._chunks:
+                    _unmark(bits, chunk)
+            self._entry[1] = self
 
     @property
     def drawn(self) -> np.ndarray:
@@ -184,34 +240,23 @@ class IndexStream:
         return self._chunks[0]
 
     def _stamped(self, k: int) -> np.ndarray:
-        """Draw ``k`` fresh indices by rejection against this stream's stamps.
+        """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
 
-        Each candidate gets a unique token; after writing the tokens, exactly
-        one candidate per distinct value still reads its own token, so the
-        survivors are the distinct fresh values, in a uniformly random order.
+        Candidates are uniform on ``range(n)``; the first ``k`` that are new
+        (and distinct), in draw order, are kept: a uniformly random
+        ``k``-subset of the indices not drawn before.
         """
-        entry = self._entry
-        stamps = entry[0]
-        out: list[np.ndarray] = []
-        need = k
+        bits = self._entry[0]
+        new = np.empty(k, dtype=np.int64)
+        got = 0
         drawn = self.n_drawn
-        while need > 0:
-            size = int(need * 1.1 / (1.0 - drawn / self.n)) + 8
-            cand = (self.rng.random(size) * self.n).astype(np.int64)
-            cand = cand[stamps[cand] < self._start]
-            tokens = np.arange(entry[1], entry[1] + len(cand))
-            entry[1] += len(cand)
-            stamps[cand] = tokens
-            cand = cand[stamps[cand] == tokens]
-            if len(cand) > need:
-                stamps[cand[need:]] = 0  # give back the extra ones
-                cand = cand[:need]
-            out.append(cand)
-            need -= len(cand)
-            drawn += len(cand)
-        new = out[0] if len(out) == 1 else np.concatenate(out)
+        while got < k:
+            need = k - got
+            size = int(need * 1.1 / (1.0 - (drawn + got) / self.n)) + 8
+            cand = self.rng.integers(self.n, size=size)
+            got += _mark_fresh(bits, cand, need, new, got)
         if k > 512:
-            new.sort()
+            new = _bucket_sorted(new, self.n)
         return new
 
     def take(self, k: int) -> np.ndarray:
@@ -225,7 +270,8 @@ class IndexStream:
         Returns
         -------
         numpy.ndarray
-            int64 array of length ``k`` (sorted when ``k > 512``).
+            int64 array of length ``k`` (in increasing order, or nearly so,
+            when ``k > 512``).
         """
         k = int(k)
         remaining = self.n - self.n_drawn
