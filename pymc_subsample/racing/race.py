@@ -342,8 +342,9 @@ class SharedRace:
         < G(T_\text{last})`, with today's standard deviations: the race is
         unlikely to drop it in time. (Without the standard errors, a gap
         that is only small by chance at a small :math:`T` would send a race
-        that was about to decide into an exact pass over all :math:`N`.) The race is hopeless when the stuck arms and the leader make at
-        least half of the survivors: further looks would then not shrink the
+        that was about to decide into an exact pass over all :math:`N`.) The
+        race is hopeless when the stuck arms and the leader make at least
+        half of the survivors: further looks would then not shrink the
         exact pass much. (With many arms, a few stuck neighbours of the leader
         do not stop the race from dropping the others first.) Going exact early
         never adds an error.
