@@ -101,19 +101,27 @@ class SubsampledCategoricalGibbs(RacingStep):
         a number for bit-for-bit reproducibility across builds. ``1`` races on
         the whole doubling schedule, as in the paper. The choice is kept in
         :attr:`exact_switch`.
-    batches : {"random", "windows"}
-        ``"random"`` (default): every race gathers its own uniformly random
-        rows, drawn without replacement, so each decision is within
-        ``delta`` whatever came before. ``"windows"``: races read contiguous
-        windows of a row-permuted copy of the per-observation data (one more
-        copy in memory; cheaper per term), redrawn every ``shuffle_every``
-        draws; races that share a permutation are dependent, and a chain
-        that keeps one permutation for many draws at small :math:`N` can
-        exceed ``delta`` (the permutation-reuse study on the results
+    batches : {"blocks", "random", "windows"}
+        How races read the data. ``"blocks"`` (default): each race draws
+        whole blocks of :data:`~pymc_subsample.racing.schedule.BLOCK_ROWS`
+        consecutive rows of a row-permuted copy of the per-observation data
+        (one more copy in memory), uniformly at random without replacement
+        (:class:`~pymc_subsample.racing.schedule.RandomBlocks`): a gather
+        in runs, much cheaper than scattered rows, and a fresh sample among
+        :math:`N/16` blocks for every race. ``"random"``: every race gathers
+        its own scattered random rows, no copy (for data that do not fit
+        twice in memory; dearer per term). ``"windows"``: contiguous windows
+        of the permuted copy from a random start, no gather, but races that
+        share a permutation read overlapping windows: a chain that keeps one
+        permutation for many draws at small :math:`N` can exceed ``delta``
+        (the permutation-reuse study on the results pages).
+    shuffle_every : int or "auto"
+        With ``"blocks"`` and ``"windows"``: draws between redraws of the
+        row permutation (each redraw is one pass that moves every row).
+        ``"auto"`` (default): :math:`N/10` draws. Races that share a
+        permutation are slightly dependent; with blocks the dependence fades
+        as :math:`N` grows (the permutation-reuse study on the results
         pages).
-    shuffle_every : int
-        With ``batches="windows"``: draws between redraws of the row
-        permutation (each redraw is one pass that moves every row).
     control_variates : bool or dict
         Race on the residuals of a second-order expansion of the terms in the
         other continuous variables :math:`\psi` they depend on, around a
@@ -176,8 +184,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         audit_every: int | str = "auto",
         reward_range: float | None = None,
         exact_fraction: float | str = "auto",
-        batches: str = "random",
-        shuffle_every: int = 1000,
+        batches: str = "blocks",
+        shuffle_every: int | str = "auto",
         control_variates: bool | dict = False,
         model=None,
         rng=None,

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 #: Names accepted by ``ObservationTerms(batches=...)``.
-BATCH_LAYOUTS = ("windows", "random")
+BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 #: Largest number of coordinates of the other inputs for which the expansion of
 #: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
@@ -130,14 +130,16 @@ class ObservationTerms:
         Point used to find :math:`N` and to check the subset graph.
     compile_kwargs : dict, optional
         Passed to ``model.compile_fn``.
-    batches : {"random", "windows"}
-        ``"random"`` (default) keeps no copy: batches are gathers of the rows
-        each race draws, fresh for every race. ``"windows"`` keeps a
-        row-permuted copy of every per-observation data input (memory: one
-        more copy of them), so that :meth:`loglik_batch` reads contiguous
-        slices, cheaper per term; :meth:`shuffle` redraws the permutation,
-        one pass that moves every row, and races between redraws share it
-        (see the permutation-reuse study on the results pages).
+    batches : {"blocks", "random", "windows"}
+        ``"blocks"`` (default) and ``"windows"`` keep a row-permuted copy of
+        every per-observation data input (memory: one more copy of them);
+        :meth:`shuffle` redraws the permutation, one pass that moves every
+        row. :meth:`loglik_batch` then reads positions of the copy: whole
+        blocks of rows (gathered in runs, nearly as cheap per term as a
+        window) or contiguous slices (``"windows"``, no gather).
+        ``"random"`` keeps no copy: batches are gathers of scattered rows
+        (dearer per term: a cache miss per row), for data that do not fit
+        twice in memory.
 
     Attributes
     ----------
@@ -170,7 +172,7 @@ class ObservationTerms:
         data: Sequence | None = None,
         initial_point: dict | None = None,
         compile_kwargs: dict | None = None,
-        batches: str = "random",
+        batches: str = "blocks",
     ):
         if batches not in BATCH_LAYOUTS:
             raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
@@ -229,17 +231,19 @@ class ObservationTerms:
         self._perm = np.arange(self.n_obs)
         self._whole = (np.asarray(0, dtype=np.int64), np.asarray(self.n_obs, dtype=np.int64))
         self._permuted = []
-        if batches == "windows":
+        if batches in ("blocks", "windows"):
             self._permuted = [
                 pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
                 for d in self.data
             ]
+        if batches == "windows":
             window = graph_replace(
                 loglik,
                 {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},
                 strict=False,
             )
-        self._window_graph = (start, stop, window) if self._permuted else None
+        windows = batches == "windows"
+        self._window_graph = (start, stop, window) if windows else None
         self._model = model
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
@@ -253,16 +257,26 @@ class ObservationTerms:
         batch = dict(zip(self.vars, self._cands, strict=True))
         # in the windows layout the fused sum reads the permuted copy too (the same sum): a
         # race that ends in an exact pass then touches one copy of the data, not two
-        total = window.sum(axis=-1) if self._permuted else loglik.sum()
-        graphs = [subset, loglik, log_f0, total] + ([window] if self._permuted else [])
+        total = window.sum(axis=-1) if windows else loglik.sum()
+        # a race's gathered rows enter as inputs: numpy gathers them (a sorted take), and the
+        # compiled function only evaluates, as cheap per term as on a window
+        self._row_inputs = [
+            pt.tensor(name=f"{d.name}_rows", dtype=d.dtype, shape=(None, *d.type.shape[1:]))
+            for d in self.data
+        ]
+        rows = graph_replace(loglik, dict(zip(self.data, self._row_inputs, strict=True)))
+        graphs = [rows, loglik, log_f0, total] + ([window] if windows else [])
         outs = [vectorize_graph(g, replace=batch) for g in graphs]
         used = set()
         for g in outs:
             used |= set(graph_inputs([g]))
         self.inputs = [v for v in value_vars if v in used and v not in self.vars]
         self._input_names = [v.name for v in self.inputs]
-        self._subset_fn = model.compile_fn(
-            outs[0], inputs=[*self._cands, idx, *self.inputs], point_fn=False, **compile_kwargs
+        self._rows_fn = model.compile_fn(
+            outs[0],
+            inputs=[*self._cands, *self._row_inputs, *self.inputs],
+            point_fn=False,
+            **compile_kwargs,
         )
         self._full_fn = model.compile_fn(
             outs[1], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
@@ -270,16 +284,16 @@ class ObservationTerms:
         self._exact_fn = model.compile_fn(
             outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
-        total_inputs = [start, stop] if self._permuted else []
+        total_inputs = [start, stop] if windows else []
         self._totals_fn = model.compile_fn(
             outs[3],
             inputs=[*self._cands, *total_inputs, *self.inputs],
             point_fn=False,
             **compile_kwargs,
         )
-        self._subset_fn.trust_input = True  # inputs are coerced before the call
+        self._rows_fn.trust_input = True  # inputs are coerced before the call
         self._window_fn = None
-        if self._permuted:
+        if windows:
             self._window_fn = model.compile_fn(
                 outs[4],
                 inputs=[*self._cands, start, stop, *self.inputs],
@@ -456,7 +470,9 @@ class ObservationTerms:
         if 3 * len(idx) >= self.n_obs:
             return self.loglik_full(candidates, point)[:, idx]
         cands, others = self._exact_arrays(candidates, point)
-        return self._subset_fn(*cands, np.asarray(idx, dtype=np.int64), *others)
+        idx = np.asarray(idx, dtype=np.int64)
+        rows = [d.get_value(borrow=True)[idx] for d in self.data]
+        return self._rows_fn(*cands, *rows, *others)
 
     def loglik_batch(
         self, candidates: Sequence[np.ndarray], positions: slice | np.ndarray, point: dict
@@ -485,7 +501,12 @@ class ObservationTerms:
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
             return self._window_fn(*cands, start, stop, *others)
-        return self.loglik_subset(candidates, self._perm[positions], point)
+        if self._permuted:  # whole blocks (or a window across the end) of the permuted copy
+            positions = np.asarray(positions, dtype=np.int64)
+            rows = [p.get_value(borrow=True)[positions] for p in self._permuted]
+            cands, others = self._exact_arrays(candidates, point)
+            return self._rows_fn(*cands, *rows, *others)
+        return self.loglik_subset(candidates, positions, point)
 
     def _at_positions(self, positions, window, get_gather, head, tail) -> np.ndarray:
         """Call ``window(*head, start, stop, *tail)`` on a slice of the permuted copy.
@@ -497,11 +518,17 @@ class ObservationTerms:
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
             return window(*head, start, stop, *tail)
-        rows = np.asarray(self._perm[positions], dtype=np.int64)
+        rows = np.asarray(self.positions_to_rows(positions), dtype=np.int64)
         return get_gather()(*head, rows, *tail)
 
     def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
-        """Return the data rows at ``positions`` of the current row permutation."""
+        """Return the data rows at ``positions`` of the current row permutation.
+
+        Without a permuted copy (``batches="random"``) the permutation is the
+        identity and index arrays are returned as they are.
+        """
+        if not self._permuted and not isinstance(positions, slice):
+            return positions
         return self._perm[positions]
 
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
@@ -510,7 +537,7 @@ class ObservationTerms:
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
-        whole = self._whole if self._permuted else ()
+        whole = self._whole if self._window_fn is not None else ()
         out = self._totals_fn(*candidates, *whole, *self._others(point))
         return np.asarray(out, dtype=np.float64)
 

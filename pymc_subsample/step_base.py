@@ -16,12 +16,14 @@ from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median
 from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
+from .racing.schedule import IndexStream, RandomBlocks
 
 __all__ = [
     "AUDIT_AGREE",
     "AUDIT_BUDGET",
     "AUDIT_DISAGREE",
     "AUDIT_NOT_RUN",
+    "SHUFFLE_DIVISOR",
     "RacingStep",
     "RacingStepState",
 ]
@@ -34,6 +36,8 @@ AUDIT_AGREE = 1
 AUDIT_DISAGREE = 0
 #: Share of the sampling time that audits may take with ``audit_every="auto"`` (the default).
 AUDIT_BUDGET = 0.05
+#: ``shuffle_every="auto"`` redraws the row permutation every :math:`N` / this many draws.
+SHUFFLE_DIVISOR = 10
 
 
 @dataclass_state
@@ -78,8 +82,11 @@ class RacingStep(BlockedStep):
         Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
     batches : {"random", "windows"}
         Batch layout (:class:`~pymc_subsample.graph.ObservationTerms`).
-    shuffle_every : int
-        Draws between redraws of the row permutation behind ``"windows"``.
+    shuffle_every : int or "auto"
+        Draws between redraws of the row permutation behind ``"blocks"`` and
+        ``"windows"``; ``"auto"``: :math:`\max(1, \lfloor N /`
+        :data:`SHUFFLE_DIVISOR` :math:`\rfloor)`, so that a redraw (one pass
+        that moves every row) costs about a tenth of a row move per draw.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
     """
@@ -132,9 +139,14 @@ class RacingStep(BlockedStep):
         self.reward_range = reward_range
         if batches not in BATCH_LAYOUTS:
             raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
-        if int(shuffle_every) != shuffle_every or shuffle_every < 1:
-            raise ValueError(f"shuffle_every must be a positive integer, got {shuffle_every!r}")
-        self.shuffle_every = int(shuffle_every)
+        auto_shuffle = isinstance(shuffle_every, str) and shuffle_every == "auto"
+        if not auto_shuffle and (
+            isinstance(shuffle_every, str) or int(shuffle_every) != shuffle_every
+            or shuffle_every < 1
+        ):  # fmt: skip
+            raise ValueError(
+                f"shuffle_every must be 'auto' or a positive integer, got {shuffle_every!r}"
+            )
         self.rng = get_random_generator(rng)
         if initial_point is None:
             initial_point = self.model.initial_point()
@@ -148,6 +160,9 @@ class RacingStep(BlockedStep):
             batches=batches,
         )
         self.vars = self.terms.vars
+        n_obs = self.terms.n_obs
+        auto_every = max(1, n_obs // SHUFFLE_DIVISOR)
+        self.shuffle_every = auto_every if auto_shuffle else int(shuffle_every)
         self.blocked = blocked
         self.tune = False
         self.n_steps = 0
@@ -218,15 +233,22 @@ class RacingStep(BlockedStep):
         n_obs = self.terms.n_obs
         cands = [np.repeat(np.asarray(point[v.name])[None], n_cands, axis=0) for v in self.vars]
 
-        rows = np.random.default_rng(0)
+        rng = np.random.default_rng(0)
+        layout = self.terms.batches
+
+        def look(m):  # a look as a race makes it: fresh positions (cold memory), then rewards
+            if layout == "windows":
+                start = int(rng.integers(n_obs - m + 1))
+                positions = slice(start, start + m)
+            elif layout == "blocks":
+                positions = RandomBlocks(n_obs, rng).take(m)
+            else:
+                positions = IndexStream(n_obs, rng, reuse_stamps=True).take(m)
+            return self._batch_rewards(cands, positions, point)
 
         def call_seconds(m):
             m = min(m, n_obs)
-            if self.terms.batches == "windows":
-                positions = slice(0, m)
-            else:  # a race's gather: random rows, sorted as IndexStream gives them
-                positions = np.sort(rows.choice(n_obs, size=m, replace=False))
-            return median_seconds(lambda: self._batch_rewards(cands, positions, point))
+            return median_seconds(lambda: look(m))
 
         exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
         return fit_round_cost(call_seconds, n_cands, n_obs), exact

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["look_marginal", "look_pairwise", "skew_guard", "skewness_squared"]
+__all__ = ["look_marginal", "look_pairwise", "skew_guard"]
 
 # reassociation lets sums vectorize; no "nnan"/"ninf": the kernels must see -inf and NaN
 _FAST = {"reassoc", "nsz", "arcp", "contract"}
@@ -50,6 +50,14 @@ def _merge_means(batch, n, mean, offsets):  # pragma: no cover - compiled
             best = v
             lead = i
     return bmean, new_mean, lead, best
+
+
+@njit(cache=True, fastmath=_FAST)
+def _g1sq(m2, m3, m, mu):  # pragma: no cover - compiled
+    """Squared sample skewness from centred sums of squares and cubes of ``m`` values."""
+    if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
+        return 0.0
+    return m3 * m3 * m / max(m2**3, 1e-300)
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -84,29 +92,37 @@ def look_pairwise(
     Returns
     -------
     tuple
-        ``(mean, lead, n_ref, dmean, dm2, keep)``, fresh arrays; ``lead`` is
-        −1 (and nothing is merged) when some reward is not finite; arm
+        ``(mean, lead, n_ref, dmean, dm2, keep, g1sq)``, fresh arrays;
+        ``lead`` is −1 (and nothing is merged) when some reward is not
+        finite; ``g1sq`` is the squared skewness of each arm's differences
+        with the leader on this batch (:math:`\hat g_1^2`, for Cochran's
+        rule in :func:`skew_guard`); arm
         :math:`i` is kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} - \hat\mu_i
         - o_i \le \texttt{factor}\,\max(\hat\sigma_{\hat x,i}, \texttt{floor})`.
     """
     s, m = batch.shape
     bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
     if lead < 0:
-        return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_)
+        return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_), np.zeros(s)
     if lead != ref:
         n_ref = 0
         dmean = np.zeros(s)
         dm2 = np.zeros(s)
     new_dmean = np.empty(s)
     new_dm2 = np.empty(s)
+    g1sq = np.zeros(s)
     tot = n_ref + m
     corr = n_ref * m / tot
     for i in range(s):
         bd = bmean[lead] - bmean[i]
         acc = 0.0
+        acc3 = 0.0
         for k in range(m):
             c = batch[lead, k] - batch[i, k] - bd
-            acc += c * c
+            c2 = c * c
+            acc += c2
+            acc3 += c2 * c
+        g1sq[i] = _g1sq(acc, acc3, m, bd)
         delta = bd - dmean[i]
         new_dmean[i] = dmean[i] + delta * (m / tot)
         new_dm2[i] = dm2[i] + acc + delta * delta * corr
@@ -116,7 +132,7 @@ def look_pairwise(
             if i != lead:
                 sd = max(np.sqrt(max(new_dm2[i] / tot, 0.0)), floor)
                 keep[i] = best - (new_mean[i] + offsets[i]) <= factor * sd
-    return new_mean, lead, tot, new_dmean, new_dm2, keep
+    return new_mean, lead, tot, new_dmean, new_dm2, keep, g1sq
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -131,21 +147,27 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
     Returns
     -------
     tuple
-        ``(mean, lead, m2, keep)``, fresh arrays; ``lead`` is −1 (and nothing
-        is merged) when some reward is not finite.
+        ``(mean, lead, m2, keep, g1sq)``, fresh arrays; ``lead`` is −1 (and
+        nothing is merged) when some reward is not finite; ``g1sq`` is each
+        arm's squared skewness on this batch.
     """
     s, m = batch.shape
     bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
     if lead < 0:
-        return mean, lead, m2, np.ones(s, dtype=np.bool_)
+        return mean, lead, m2, np.ones(s, dtype=np.bool_), np.zeros(s)
     tot = n + m
     corr = n * m / tot
     new_m2 = m2.copy()
+    g1sq = np.zeros(s)
     for i in range(s):
         acc = 0.0
+        acc3 = 0.0
         for k in range(m):
             c = batch[i, k] - bmean[i]
-            acc += c * c
+            c2 = c * c
+            acc += c2
+            acc3 += c2 * c
+        g1sq[i] = _g1sq(acc, acc3, m, bmean[i])
         di = bmean[i] - mean[i]
         new_m2[i] += acc + di * di * corr
     keep = np.ones(s, dtype=np.bool_)
@@ -155,64 +177,25 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
             if i != lead:
                 sd = max(np.sqrt(max(new_m2[i] / tot, 0.0)), floor)
                 keep[i] = best - factor * sd_lead <= new_mean[i] + offsets[i] + factor * sd
-    return new_mean, lead, new_m2, keep
-
-
-@njit(cache=True, fastmath=_FAST)
-def _g1_squared(batch, lead, i, pairwise):  # pragma: no cover - compiled
-    stride = (batch.shape[1] + 1023) // 1024
-    m = (batch.shape[1] + stride - 1) // stride
-    mu = 0.0
-    for k in range(0, batch.shape[1], stride):
-        mu += batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
-    mu /= m
-    m2 = 0.0
-    m3 = 0.0
-    for k in range(0, batch.shape[1], stride):
-        v = batch[lead, k] - batch[i, k] if pairwise else batch[i, k]
-        c = v - mu
-        m2 += c * c
-        m3 += c * c * c
-    if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
-        return 0.0
-    return m3 * m3 * m / max(m2**3, 1e-300)
-
-
-@njit(cache=True, fastmath=_FAST)
-def skewness_squared(batch, lead, rows, pairwise):  # pragma: no cover - compiled
-    r"""Squared sample skewness :math:`\hat g_1^2` on at most 1024 observations of the batch.
-
-    For each arm in ``rows``: of :math:`l_{\mathrm{lead},n} - l_{i,n}` when
-    ``pairwise``, else of :math:`l_{i,n}`. The observations are every
-    :math:`\lceil m/1024 \rceil`-th of the batch, spread over it (a batch of
-    gathered rows comes in the order of the data, not at random). Cochran's rule
-    asks for :math:`T > 25 \hat g_1^2` before trusting a normal approximation
-    of the mean of :math:`T` draws.
-    """
-    out = np.empty(len(rows))
-    for r in range(len(rows)):
-        out[r] = _g1_squared(batch, lead, rows[r], pairwise)
-    return out
+    return new_mean, lead, new_m2, keep, g1sq
 
 
 @njit(cache=True, fastmath=_FAST)
 def skew_guard(
-    batch, lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise
+    lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise, g1sq
 ):  # pragma: no cover - compiled
     r"""Keep the arms whose elimination rests on a mean too skewed to be near-normal.
 
     An arm about to be dropped is doubtful when its gap to the leader is
     below ``cantelli`` standard errors (a larger gap is decisive for any
     distribution, by Cantelli's inequality). A doubtful arm is kept when
-    Cochran's rule fails, :math:`T < 25 \hat g_1^2`
-    (:func:`skewness_squared`, of its differences with the leader in
-    pairwise mode). In marginal mode, a leader that fails the rule keeps
-    every arm.
+    Cochran's rule fails: the mean of :math:`T` draws is close to normal
+    once :math:`T > 25 \hat g_1^2`, with :math:`\hat g_1` the skewness on
+    the latest batch (of its differences with the leader in pairwise mode).
+    In marginal mode, a leader that fails the rule keeps every arm.
 
     Parameters
     ----------
-    batch : numpy.ndarray
-        ``(S, m)`` rewards of the latest look.
     lead : int
         Row of the leader.
     keep : numpy.ndarray
@@ -230,6 +213,9 @@ def skew_guard(
         Standard errors beyond which a gap is decisive.
     pairwise : bool
         Variance mode.
+    g1sq : numpy.ndarray
+        ``(S,)`` squared skewness on the latest batch, as returned by
+        :func:`look_pairwise` or :func:`look_marginal`.
 
     Returns
     -------
@@ -250,8 +236,8 @@ def skew_guard(
             continue
         if not pairwise and not lead_checked:
             lead_checked = True
-            if size < 25.0 * _g1_squared(batch, lead, lead, False):
+            if size < 25.0 * g1sq[lead]:
                 return np.ones(s, dtype=np.bool_)
-        if size < 25.0 * _g1_squared(batch, lead, i, pairwise):
+        if size < 25.0 * g1sq[i]:
             out[i] = True
     return out

@@ -43,7 +43,7 @@ from .common import (
     validate_race_args,
 )
 from .kernels import look_marginal, look_pairwise, skew_guard
-from .schedule import CyclicWindows, ExactSwitch, IndexStream, doubling_schedule
+from .schedule import CyclicWindows, ExactSwitch, IndexStream, RandomBlocks, doubling_schedule
 
 __all__ = [
     "BATCHES",
@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 #: Names accepted by ``RaceConfig.batches``.
-BATCHES = ("random", "windows")
+BATCHES = ("blocks", "random", "windows")
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,16 @@ class RaceConfig:
         differences with the leader, in pairwise mode) on the latest batch
         (Cochran's rule for the normal approximation of a mean). ``False``
         reproduces the paper's Racing-Normal.
-    batches : {"random", "windows"}
+    batches : {"random", "blocks", "windows"}
         ``"random"``: each look draws uniformly random new indices and passes
-        them to ``rewards`` as an int64 array. ``"windows"``: the population
+        them to ``rewards`` as an int64 array. ``"blocks"``: as for
+        ``"windows"``, the population is stored in a uniformly random order,
+        and each look draws whole blocks of
+        :data:`~pymc_subsample.racing.schedule.BLOCK_ROWS` consecutive
+        positions, uniformly at random among those not drawn
+        (:class:`~pymc_subsample.racing.schedule.RandomBlocks`), passing the
+        positions as an int64 array (a look may read up to a block more than
+        its schedule asks). ``"windows"``: the population
         is stored in a uniformly random order (the caller's duty, e.g. a
         row-permuted copy of the data) and the race reads consecutive
         positions from a uniformly random start, cyclically, passing each look
@@ -335,10 +342,10 @@ class SharedRace:
     def hopeless(self, state: RaceState) -> bool:
         r"""Predict that the race will not decide before its exact pass.
 
-        An arm is stuck when its gap to the leader plus two of today's
+        An arm is stuck when its gap to the leader plus one of today's
         standard errors is below the half-width the bound will still have at
         the last subsampled look,
-        :math:`\hat\mu_{\hat x} - \hat\mu_i + 2\,\widehat{\mathrm{se}}(T)
+        :math:`\hat\mu_{\hat x} - \hat\mu_i + \widehat{\mathrm{se}}(T)
         < G(T_\text{last})`, with today's standard deviations: the race is
         unlikely to drop it in time. (Without the standard errors, a gap
         that is only small by chance at a small :math:`T` would send a race
@@ -364,9 +371,9 @@ class SharedRace:
         factor, floor = self._widths[t_last]
         gap = score[lead] - score
         gap[lead] = np.inf
-        # stuck only when the gap is small with confidence: gap + 2 standard errors today
+        # stuck only when the gap is small with some confidence: gap + one standard error
         t = state.n_drawn
-        se = 2.0 * sd * np.sqrt((self.n_obs - t) / ((self.n_obs - 1.0) * t))
+        se = sd * np.sqrt((self.n_obs - t) / ((self.n_obs - 1.0) * t))
         stuck = int((gap + se < factor * np.maximum(sd, floor)).sum())
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
@@ -396,9 +403,9 @@ class SharedRace:
         n_evals = state.n_evaluations + batch.size
         n_rounds = state.n_rounds + 1
         if self.pairwise:
-            mean, lead, n_ref, dmean, m2, keep = out
+            mean, lead, n_ref, dmean, m2, keep, g1sq = out
         else:
-            mean, lead, m2, keep = out
+            mean, lead, m2, keep, g1sq = out
         ref = lead if self.pairwise else -1
         if len(alive) == 1:
             winner = int(alive[0])
@@ -412,8 +419,8 @@ class SharedRace:
             score = mean + self.offsets[alive]
             n_var = max(n_ref, 1) if self.pairwise else size
             keep = skew_guard(
-                batch, lead, keep, score, m2, n_var, size, self.n_obs, self.bound.cantelli,
-                self.pairwise,
+                lead, keep, score, m2, n_var, size, self.n_obs, self.bound.cantelli,
+                self.pairwise, g1sq,
             )  # fmt: skip
             drop = not keep.all()
         if drop:
@@ -541,6 +548,8 @@ def race_shared(
         return kernel.result(state._replace(means=kernel.offsets.astype(float)))
     if config.batches == "windows":
         stream = CyclicWindows(n_obs, int(rng.integers(n_obs)))
+    elif config.batches == "blocks":
+        stream = RandomBlocks(n_obs, rng)
     else:
         stream = IndexStream(n_obs, rng, reuse_stamps=True)
     give_up = totals is not None and kernel.can_give_up
@@ -548,8 +557,12 @@ def race_shared(
         if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:
             return _exact_pass(kernel, state, rewards, totals)
         k = int(size) - state.n_drawn
+        if k <= 0:  # whole blocks already reached this look
+            continue
         alive = state.alive
-        batch = rewards(alive, stream.take(k))
+        positions = stream.take(k)
+        k = len(positions) if not isinstance(positions, slice) else k
+        batch = rewards(alive, positions)
         if batch.shape != (len(alive), k) or batch.dtype != np.float64:
             batch = as_reward_batch(batch, len(alive), k)
         if not batch.flags.c_contiguous:  # the compiled look vectorizes on C order only

@@ -17,9 +17,11 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "BLOCK_ROWS",
     "CyclicWindows",
     "ExactSwitch",
     "IndexStream",
+    "RandomBlocks",
     "doubling_schedule",
     "random_positions",
     "skip_taken",
@@ -120,22 +122,32 @@ _local = threading.local()
 
 
 @njit(cache=True)
-def _mark_fresh(bits, cand, k, out, start):  # pragma: no cover - compiled
-    """Move the first ``k`` values of ``cand`` not marked in ``bits`` to ``out[start:]``.
+def _draw_fresh(bits, n, k, seed):  # pragma: no cover - compiled
+    r"""Draw ``k`` values of ``range(n)`` not marked in ``bits``, uniformly, and mark them.
 
-    Marks them as it goes; returns how many it found.
+    Rejection sampling on uniform candidates from a SplitMix64 stream started
+    at ``seed`` (a candidate is :math:`\lfloor n u \rfloor`, :math:`u` on 53
+    bits): the first ``k`` new distinct values, in draw order, are a
+    uniformly random ``k``-subset of the unmarked ones.
     """
+    out = np.empty(k, dtype=np.int64)
+    x = np.uint64(seed)
+    scale = float(n) / 9007199254740992.0  # n / 2**53
     got = 0
-    for c in cand:
+    while got < k:
+        x += np.uint64(0x9E3779B97F4A7C15)
+        z = x
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        c = min(np.int64(float(z >> np.uint64(11)) * scale), n - 1)
         word = c >> 3
         bit = np.uint8(1 << (c & 7))
         if bits[word] & bit == 0:
             bits[word] |= bit
-            out[start + got] = c
+            out[got] = c
             got += 1
-            if got == k:
-                break
-    return got
+    return out
 
 
 @njit(cache=True)
@@ -242,19 +254,12 @@ class IndexStream:
     def _stamped(self, k: int) -> np.ndarray:
         """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
 
-        Candidates are uniform on ``range(n)``; the first ``k`` that are new
-        (and distinct), in draw order, are kept: a uniformly random
+        One compiled call (:func:`_draw_fresh`) seeded from ``rng``: the
+        first ``k`` new distinct candidates are kept, a uniformly random
         ``k``-subset of the indices not drawn before.
         """
-        bits = self._entry[0]
-        new = np.empty(k, dtype=np.int64)
-        got = 0
-        drawn = self.n_drawn
-        while got < k:
-            need = k - got
-            size = int(need * 1.1 / (1.0 - (drawn + got) / self.n)) + 8
-            cand = self.rng.integers(self.n, size=size)
-            got += _mark_fresh(bits, cand, need, new, got)
+        seed = int(self.rng.integers(1 << 63))
+        new = _draw_fresh(self._entry[0], self.n, k, seed)
         if k > 512:
             new = _bucket_sorted(new, self.n)
         return new
@@ -342,6 +347,77 @@ class CyclicWindows:
         if hi <= self.n:
             return slice(lo, hi)
         return np.concatenate([np.arange(lo, self.n), np.arange(0, hi - self.n)])
+
+
+#: Rows per block of :class:`RandomBlocks` (two cache lines of float64).
+BLOCK_ROWS = 16
+
+
+class RandomBlocks:
+    r"""Positions of ``range(n)`` read as whole blocks, the blocks drawn without replacement.
+
+    Positions are cut into consecutive blocks of ``b`` (the last one shorter
+    when ``b`` does not divide ``n``); each :meth:`take` draws uniformly
+    random new blocks (an :class:`IndexStream` over the blocks) until it holds
+    at least ``k`` new positions, and returns them block after block, the
+    blocks in increasing order. When the population is stored in a uniformly
+    random order (a row permutation :math:`\pi` of the data, as for
+    :class:`CyclicWindows`), the positions read so far are a uniformly random
+    subset drawn without replacement, nested across looks; a gather of
+    whole blocks reads memory in runs of ``b`` rows, far cheaper than rows
+    scattered at random. Unlike windows, two races that share :math:`\pi`
+    read nearly independent samples: a race draws its blocks afresh among
+    :math:`n/b` of them.
+
+    Parameters
+    ----------
+    n : int
+        Population size.
+    rng : numpy.random.Generator
+        Source of the block draws.
+    block : int
+        Positions per block, ``b``.
+
+    Attributes
+    ----------
+    n_drawn : int
+        Number of positions read so far.
+    """
+
+    def __init__(self, n: int, rng: np.random.Generator, block: int = BLOCK_ROWS):
+        self.n = int(n)
+        self.block = int(block)
+        self.n_blocks = -(-self.n // self.block)
+        self._blocks = IndexStream(self.n_blocks, rng, reuse_stamps=True)
+        self._offsets = np.arange(self.block, dtype=np.int64)
+        self.n_drawn = 0
+
+    def take(self, k: int) -> np.ndarray:
+        """Read at least ``k`` new positions (whole blocks; fewer only when none remain).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 positions, at most ``k + b - 1`` of them.
+        """
+        k = int(k)
+        if k > self.n - self.n_drawn:
+            raise ValueError(f"cannot read {k} new positions: only {self.n - self.n_drawn} remain")
+        b = self.block
+        parts = []
+        got = 0
+        while got < k:
+            left = self.n_blocks - self._blocks.n_drawn
+            ids = self._blocks.take(min(max(-(-(k - got) // b), 1), left))
+            if len(ids) <= 512:
+                ids = np.sort(ids)
+            pos = (ids[:, None] * b + self._offsets).ravel()
+            if self.n % b and (ids == self.n_blocks - 1).any():
+                pos = pos[pos < self.n]  # the last block is shorter
+            parts.append(pos)
+            got += len(pos)
+        self.n_drawn += got
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 @dataclass(frozen=True)
