@@ -8,10 +8,11 @@ middle one, so the conditional of q is a point mass. "diffuse": means
 decide early.
 
 Each step runs at its defaults (``SubsampledCategoricalGibbs([q])``: first batch
-and exact switch chosen by timing at construction). Time per draw is measured
-by calling each step's ``step(point)`` in interleaved blocks (after a warm-up
-that compiles), median over blocks, so that both sides see the same machine
-load. Also reported: our own exact Gibbs step (``bound="exact"``: one fused
+and exact switch chosen by timing at construction; the redraw of the row
+permutation, every N/10 draws, is timed apart and added, amortized). Time per draw is measured
+by calling each step's ``step(point)`` in interleaved blocks of about 0.2 s
+each (after a warm-up that compiles), median over blocks, so that all sides
+see the same machine load and each is timed in its steady state. Also reported: our own exact Gibbs step (``bound="exact"``: one fused
 pass), the per-observation terms evaluated per draw, the looks per draw, and
 the limit the race is measured against: terms evaluated x fused per-term
 cost + looks x compiled-call floor.
@@ -55,19 +56,30 @@ def make_model(n_obs, n_cat, kind, likelihood="normal", seed=0):
     return model, q
 
 
-def interleaved(steps, point, block, blocks=5):
-    """Median seconds per draw of each step, timed in alternating blocks; racing stats."""
+def interleaved(steps, point, seconds=0.2, blocks=5):
+    """Median seconds per draw of each step, timed in alternating blocks; racing stats.
+
+    Each step's block lasts about ``seconds`` (its length in draws is set from
+    a timed warm-up), so that every step is timed in its steady state rather
+    than right after another step has flushed the caches.
+    """
     points = dict.fromkeys(steps, point)
+    sizes = {}
     for name, step in list(steps.items()):
         try:
             for _ in range(2):  # warm-up: first calls compile
                 points[name], _ = step.step(points[name])
+            t0 = time.perf_counter()
+            for _ in range(3):
+                points[name], _ = step.step(points[name])
+            sizes[name] = int(np.clip(seconds * 3 / (time.perf_counter() - t0), 3, 2000))
         except ValueError:  # PyMC's proportional proposal on a point-mass conditional
             del steps[name]
     times = {name: [] for name in steps}
     evals, rounds = [], []
     for _ in range(blocks):
         for name, step in list(steps.items()):
+            block = sizes[name]
             t0 = time.perf_counter()
             for _ in range(block):
                 try:
@@ -88,8 +100,15 @@ def unit_costs(step, point, n_cat):
     cands = [np.arange(n_cat)]
     n_obs = step.terms.n_obs
     fused = median_seconds(lambda: step.terms.loglik_sum(cands, point)) / (n_obs * n_cat)
-    floor = median_seconds(lambda: step.terms.loglik_batch(cands, slice(0, 1), point), 50)
+    one = np.zeros(1, dtype=np.int64)  # a look at one observation: the compiled-call floor
+    floor = median_seconds(lambda: step.terms.loglik_batch(cands, one, point), 50)
     return fused, floor
+
+
+def shuffle_seconds_per_draw(step):
+    """Return the time of a redraw of the row permutation per draw (amortized)."""
+    seconds = median_seconds(lambda: step.terms.shuffle(np.random.default_rng(0)), 3)
+    return seconds / step.shuffle_every
 
 
 def main():
@@ -107,8 +126,7 @@ def main():
     for likelihood, n_obs, n_cat, kind in grid:
         model, q = make_model(n_obs, n_cat, kind, likelihood)
         point = model.initial_point()
-        block = min(max(3, int(4e6 / (n_obs * n_cat))), 100)
-        print(f"{likelihood} N={n_obs:.0e} D={n_cat} {kind}: blocks of {block} ...", flush=True)
+        print(f"{likelihood} N={n_obs:.0e} D={n_cat} {kind} ...", flush=True)
         with model:
             steps = {
                 "pymc": pm.CategoricalGibbsMetropolis([q], proposal="proportional"),
@@ -121,7 +139,8 @@ def main():
         except ValueError:  # PyMC's proportional proposal fails on point-mass conditionals
             del steps["pymc"]
             baseline = "bound='exact'"
-        times, evals, looks = interleaved(steps, point, block)
+        times, evals, looks = interleaved(steps, point)
+        times["racing"] += shuffle_seconds_per_draw(steps["racing"])  # rare, so add it here
         if "pymc" not in times:
             baseline = "bound='exact'"
         fused, floor = unit_costs(steps["racing"], point, n_cat)
@@ -142,12 +161,14 @@ def main():
         "# SubsampledCategoricalGibbs vs CategoricalGibbsMetropolis",
         "",
         "Regenerate with `python benchmarks/categorical_gibbs.py`. Milliseconds per draw of "
-        "`step.step(point)`, median of 5 interleaved blocks: "
+        "`step.step(point)`, median of 5 interleaved blocks of about 0.2 s per step: "
         '`pm.CategoricalGibbsMetropolis(proposal="proportional")` '
         '(the baseline; where it fails on a point-mass conditional, "Probabilities do not sum '
         "to 1\", our `bound='exact'` step stands in), our exact step (`bound='exact'`, one fused "
         "pass) and `SubsampledCategoricalGibbs([q])` at its defaults (delta = 0.05; "
-        "m1 and the exact switch are chosen by timing at construction and shown). "
+        "m1 and the exact switch are chosen by timing at construction and shown; batches are "
+        "whole random blocks of a row-permuted copy, and the redraw of that permutation every "
+        "N/10 draws is added, amortized). "
         '"limit" is terms evaluated x fused per-term cost + looks x compiled-call floor, '
         "the cost of the same decisions with free bookkeeping.",
         "",

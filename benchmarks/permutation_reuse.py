@@ -1,17 +1,19 @@
-"""Error rates when races reuse one row permutation for K draws (contiguous windows).
+"""Error rates when races reuse one row permutation for K draws (blocks and windows).
 
-The PyMC steps read each race's batches as contiguous windows of a row-permuted
-copy of the data and redraw the permutation every ``shuffle_every`` = K draws.
-Every single race is still a uniformly random sample without replacement;
-races that share a permutation are dependent. This measures whether that
-dependence shows in the error rate:
+The PyMC steps read each race's batches as whole random blocks (default) or
+contiguous windows of a row-permuted copy of the data and redraw the
+permutation every ``shuffle_every`` = K draws. Every single race is still a
+uniformly random sample without replacement; races that share a permutation
+are dependent. This measures whether that dependence shows in the error rate:
 
 * the synthetic bandit study's populations (Racing-Normal, pairwise, D = 10,
   N = 1e4, the hard setting sigma = 2e-3), 3,000 Gumbel-max races per K,
   against fresh random index draws for every race;
-* audits on a PyMC model: ``SubsampledCategoricalGibbs`` with its defaults
-  on a diffuse selector (N = 2e5, D = 6), every draw audited against the
-  exact decision, per K.
+* audits on a PyMC model: ``SubsampledCategoricalGibbs`` on a diffuse
+  selector (N = 2e5, D = 6), every draw audited against the exact decision,
+  per layout and K;
+* chains on a small population (N = 1,000), where a chain can keep one
+  permutation throughout: the spread of the chains' audited rates.
 
 Writes ``docs/results/tables/permutation_reuse.md``. Run:
 ``python benchmarks/permutation_reuse.py [--quick]``.
@@ -46,12 +48,14 @@ def bandit_rows(reps, delta=0.05):
     rows = []
     for dist in ("normal", "lognormal"):
         table, log_p = bandit_population(dist, 10, 10_000, 2e-3, rng=3)
-        for k in [None, *KS]:
+        settings = [(None, "random")] + [(k, lay) for lay in ("blocks", "windows") for k in KS]
+        for k, layout in settings:
             errors, evals = gumbel_race_errors(
-                table, log_p, reps, np.random.default_rng(11), shuffle_every=k, delta=delta
-            )
+                table, log_p, reps, np.random.default_rng(11), shuffle_every=k, delta=delta,
+                layout=layout,
+            )  # fmt: skip
             lo, hi = interval(errors, reps)
-            label = "fresh index draws" if k is None else f"windows, K = {k}"
+            label = "fresh index draws" if k is None else f"{layout}, K = {k}"
             frac = evals.mean() / table.size
             rows.append(
                 f"| {dist} | {label} | {reps} | {errors / reps:.4f} [{lo:.4f}, {hi:.4f}] "
@@ -59,6 +63,16 @@ def bandit_rows(reps, delta=0.05):
             )
             print(rows[-1], flush=True)
     return rows
+
+
+def audited_rate(model, var, draws, **settings):
+    """Audited disagreement count and number of audits of one chain of the Gibbs step."""
+    with model:
+        step = SubsampledCategoricalGibbs([var], audit_every=1, exact_fraction=1.0, **settings)
+    point = model.initial_point()
+    for _ in range(draws):
+        point, _ = step.step(point)
+    return step.n_disagreements, step.n_audits
 
 
 def model_rows(draws):
@@ -70,17 +84,41 @@ def model_rows(draws):
         q = pm.Categorical("q", p=np.full(6, 1 / 6))
         pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y)
     rows = []
-    for k in KS:
-        with model:
-            step = SubsampledCategoricalGibbs(
-                [q], rng=1, audit_every=1, shuffle_every=k, exact_fraction=1.0
-            )
-        point = model.initial_point()
-        for _ in range(draws):
-            point, _ = step.step(point)
-        wrong, n = step.n_disagreements, step.n_audits
-        lo, hi = interval(wrong, n)
-        rows.append(f"| K = {k} | {n} | {wrong / n:.4f} [{lo:.4f}, {hi:.4f}] |")
+    for layout in ("blocks", "windows"):
+        for k in KS:
+            wrong, n = audited_rate(model, q, draws, rng=1, shuffle_every=k, batches=layout)
+            lo, hi = interval(wrong, n)
+            rows.append(f"| {layout} | K = {k} | {n} | {wrong / n:.4f} [{lo:.4f}, {hi:.4f}] |")
+            print(rows[-1], flush=True)
+    return rows
+
+
+def small_population_rows(chains, draws):
+    """Chains on N = 1,000: one permutation can serve a whole chain, and its luck shows."""
+    rng = np.random.default_rng(4)
+    n_obs = 1000
+    with pm.Model() as model:
+        y = pm.Data("y_data", rng.normal(0.05, 1.0, size=n_obs))
+        z = pm.Bernoulli("z", p=0.3)
+        pm.Normal("y", 0.1 * z, 1.0, observed=y)
+    settings = [
+        ("random (fresh rows every race)", {"batches": "random"}),
+        ("blocks, K = 1", {"batches": "blocks", "shuffle_every": 1}),
+        ("blocks, K = N/10 = 100 (default)", {"batches": "blocks"}),
+        ("blocks, K = 1000", {"batches": "blocks", "shuffle_every": 1000}),
+        ("windows, K = 1000", {"batches": "windows", "shuffle_every": 1000}),
+    ]
+    rows = []
+    for label, kw in settings:
+        rates = []
+        for seed in range(chains):
+            wrong, n = audited_rate(model, z, draws, rng=seed, batch_size=50, **kw)
+            rates.append(wrong / n)
+        rates = np.array(rates)
+        rows.append(
+            f"| {label} | {chains} × {draws} | {rates.mean():.4f} | {rates.std():.4f} | "
+            f"{rates.max():.4f} |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -106,9 +144,20 @@ def main():
         "Audits on a PyMC model (diffuse selector, N = 2e5, D = 6, "
         "`SubsampledCategoricalGibbs` racing the whole schedule, every draw audited):",
         "",
-        "| shuffle_every | audited draws | disagreement rate |",
-        "|---|---|---|",
+        "| batches | shuffle_every | audited draws | disagreement rate |",
+        "|---|---|---|---|",
         *model_rows(draws),
+        "",
+        "Chains on a small population (a Bernoulli selector, N = 1,000, first batch 50, "
+        "racing the whole schedule, every draw audited): the disagreement rate of each chain, "
+        "its mean and spread over chains. A chain that keeps one permutation reads its races "
+        "from it throughout, so the permutation's luck shows in the chain's rate; the mean "
+        "over chains is the rate of fresh rows whatever K is:",
+        "",
+        "| batches | chains × draws | mean rate | sd over chains | largest |",
+        "|---|---|---|---|---|",
+        *small_population_rows(*((4, 500) if args.quick else (8, 1500))),
+        "",
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")

@@ -236,7 +236,7 @@ class ObservationTerms:
                 pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
                 for d in self.data
             ]
-        if batches == "windows":
+        if self._permuted:
             window = graph_replace(
                 loglik,
                 {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},
@@ -255,9 +255,9 @@ class ObservationTerms:
             for v in self.vars
         ]
         batch = dict(zip(self.vars, self._cands, strict=True))
-        # in the windows layout the fused sum reads the permuted copy too (the same sum): a
-        # race that ends in an exact pass then touches one copy of the data, not two
-        total = window.sum(axis=-1) if windows else loglik.sum()
+        # with a permuted copy the fused sum reads it too (the same sum): a race that ends in
+        # an exact pass then touches one copy of the data, not two
+        total = window.sum(axis=-1) if self._permuted else loglik.sum()
         # a race's gathered rows enter as inputs: numpy gathers them (a sorted take), and the
         # compiled function only evaluates, as cheap per term as on a window
         self._row_inputs = [
@@ -284,7 +284,7 @@ class ObservationTerms:
         self._exact_fn = model.compile_fn(
             outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
-        total_inputs = [start, stop] if windows else []
+        total_inputs = [start, stop] if self._permuted else []
         self._totals_fn = model.compile_fn(
             outs[3],
             inputs=[*self._cands, *total_inputs, *self.inputs],
@@ -537,7 +537,7 @@ class ObservationTerms:
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
-        whole = self._whole if self._window_fn is not None else ()
+        whole = self._whole if self._permuted else ()
         out = self._totals_fn(*candidates, *whole, *self._others(point))
         return np.asarray(out, dtype=np.float64)
 

@@ -113,6 +113,7 @@ def gumbel_race_errors(
     reps: int,
     rng: np.random.Generator,
     shuffle_every: int | None = None,
+    layout: str = "windows",
     **race_kwargs,
 ) -> tuple[int, np.ndarray]:
     r"""Count wrong Gumbel-max races on a reward table.
@@ -132,10 +133,12 @@ def gumbel_race_errors(
     rng : numpy.random.Generator
         Source of the noise and of the index draws.
     shuffle_every : int, optional
-        Read batches as contiguous windows (``batches="windows"``) of a
-        column-permuted copy of the table, permuted anew every
-        ``shuffle_every`` races, as the PyMC steps do; default: independent
-        random index draws for every race.
+        Read batches from a column-permuted copy of the table, permuted anew
+        every ``shuffle_every`` races, as the PyMC steps do; default:
+        independent random index draws for every race.
+    layout : {"windows", "blocks"}
+        With ``shuffle_every``: contiguous windows or random blocks of the
+        permuted copy (``RaceConfig.batches``).
     **race_kwargs
         Passed to :func:`~pymc_subsample.racing.sample_categorical`.
 
@@ -156,7 +159,7 @@ def gumbel_race_errors(
     if shuffle_every is not None:
         from pymc_subsample.racing import RaceConfig
 
-        config = RaceConfig(batches="windows", **race_kwargs)
+        config = RaceConfig(batches=layout, **race_kwargs)
         race_kwargs = {"config": config}
         permuted = [table]
 
