@@ -7,15 +7,16 @@ middle one, so the conditional of q is a point mass. "diffuse": means
 0.5/sqrt(N) apart, so several values keep posterior mass and races cannot
 decide early.
 
-Each step runs at its defaults (``SubsampledCategoricalGibbs([q])``: first batch
-and exact switch chosen by timing at construction; the redraw of the row
-permutation, every N/10 draws, is timed apart and added, amortized). Time per draw is measured
-by calling each step's ``step(point)`` in interleaved blocks of about 0.2 s
-each (after a warm-up that compiles), median over blocks, so that all sides
-see the same machine load and each is timed in its steady state. Also reported: our own exact Gibbs step (``bound="exact"``: one fused
-pass), the per-observation terms evaluated per draw, the looks per draw, and
-the limit the race is measured against: terms evaluated x fused per-term
-cost + looks x compiled-call floor.
+Each step runs at its defaults (``SubsampledCategoricalGibbs([q])``: first
+batch and exact switch chosen by timing at construction; the redraw of the
+row permutation, every N/10 draws, is timed apart and added, amortized). Time
+per draw is measured by calling each step's ``step(point)`` in interleaved
+blocks of about 0.2 s each (after a warm-up that compiles), median over
+blocks, so that all sides see the same machine load and each is timed in its
+steady state. Also reported: our own exact Gibbs step (``bound="exact"``: one
+fused pass), the per-observation terms evaluated per draw, the looks per
+draw, and the limit the race is measured against: terms evaluated x fused
+per-term cost + looks x compiled-call floor.
 
 Writes ``docs/results/tables/categorical_gibbs.md`` (``--quick``:
 ``categorical_gibbs_quick.md``). Run:
