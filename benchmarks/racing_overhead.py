@@ -4,14 +4,15 @@ For D in {2, 10, 100}, both variance modes and batches of 50, 1,000 and 10,000
 new observations a look: a schedule of 40 looks on arms that never separate
 (all D arms alive at every look, the worst case), the reward callback
 returning a preallocated C-ordered array, so nearly all the time is the race's
-own work: window positions, the compiled look (running means, spread
-statistics, elimination), the driver. Reported per look, with the first
-column (batch 50) the issue's "cost of a look" at D = 10.
+own work: the positions (random blocks, the default layout), the compiled look
+(running means, spread statistics, elimination), the driver. Reported per
+look, with the first column (batch 50) the "cost of a look" at D = 10.
 
-A second table gives the per-term cost of a race batch on a PyMC model
-(y ~ Normal(mu[q], 1), N = 1e6, D = 10 candidates): a contiguous window of the
-row-permuted copy (the default layout) and a gather of random rows (the
-``batches="random"`` layout), against one fused pass over all N.
+A second table gives the per-term cost of a race's look on a PyMC model
+(y ~ Normal(mu[q], 1), N = 1e6 and 1e7, D = 10 candidates), positions drawn
+afresh for every look as a race draws them (so memory is cold), for each
+layout: random blocks of the row-permuted copy (the default), contiguous
+windows of it, and scattered random rows; against one fused pass over all N.
 
 Writes ``docs/results/tables/racing_overhead.md``. Run:
 ``python benchmarks/racing_overhead.py``.
@@ -38,7 +39,7 @@ def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int 
 
     config = RaceConfig(
         schedule=tuple(batch * (k + 1) for k in range(looks)),
-        batches="windows",
+        batches="blocks",
         variance=variance,
     )
     n_obs = batch * (looks + 1)
@@ -53,8 +54,8 @@ def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int 
     return best * 1e6
 
 
-def per_term_costs(batch_sizes=(1_000, 10_000, 100_000)):
-    """Ns per term: window, gather, and the fused sum, on the Normal selector model."""
+def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
+    """Ns per term of a look (positions and rewards) per layout, and of the fused sum."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -62,22 +63,35 @@ def per_term_costs(batch_sizes=(1_000, 10_000, 100_000)):
 
     from pymc_subsample import SubsampledCategoricalGibbs
     from pymc_subsample.cost import median_seconds
+    from pymc_subsample.racing import CyclicWindows, IndexStream, RandomBlocks
 
-    n_obs, n_cat = 1_000_000, 10
+    n_cat = 10
     model, q = make_model(n_obs, n_cat, "concentrated")
     point = model.initial_point()
-    with model:
-        step = SubsampledCategoricalGibbs([q], exact_fraction=1.0, batch_size=50)
-    terms, cands = step.terms, [np.arange(n_cat)]
-    fused = median_seconds(lambda: terms.loglik_sum(cands, point), 15) / (n_obs * n_cat)
-    rows = []
     rng = np.random.default_rng(0)
-    for m in batch_sizes:
-        window = median_seconds(lambda m=m: terms.loglik_batch(cands, slice(0, m), point), 15)
-        idx = np.sort(rng.choice(n_obs, size=m, replace=False))
-        gather = median_seconds(lambda idx=idx: terms.loglik_subset(cands, idx, point), 15)
-        rows.append((m, window / (m * n_cat), gather / (m * n_cat), fused))
-    return rows
+    streams = {
+        "blocks": lambda: RandomBlocks(n_obs, rng),
+        "windows": lambda: CyclicWindows(n_obs, int(rng.integers(n_obs))),
+        "random": lambda: IndexStream(n_obs, rng, reuse_stamps=True),
+    }
+    cands = [np.arange(n_cat)]
+    costs = {}
+    for layout, stream in streams.items():
+        with model:
+            step = SubsampledCategoricalGibbs(
+                [q], exact_fraction=1.0, batch_size=50, batches=layout
+            )
+        terms = step.terms
+        for m in batch_sizes:
+
+            def look(m=m, terms=terms, stream=stream):
+                return terms.loglik_batch(cands, stream().take(m), point)
+
+            costs[layout, m] = median_seconds(look, 15) / (m * n_cat)
+    fused = median_seconds(lambda: terms.loglik_sum(cands, point), 15) / (n_obs * n_cat)
+    return [
+        (m, costs["blocks", m], costs["windows", m], costs["random", m], fused) for m in batch_sizes
+    ]
 
 
 def main():
@@ -100,19 +114,22 @@ def main():
             print(lines[-1], flush=True)
     lines += [
         "",
-        "Per-term cost of a race batch, y ~ Normal(mu[q], 1), N = 1e6, D = 10 candidates "
-        "(ns per term; ratio to one fused pass over all N):",
+        "Per-term cost of a look (drawing its positions and evaluating its terms, memory "
+        "cold), y ~ Normal(mu[q], 1), D = 10 candidates (ns per term; ratio to one fused pass "
+        "over all N):",
         "",
-        "| batch | contiguous window | gathered rows | fused pass | window / fused | "
-        "gather / fused |",
-        "|---|---|---|---|---|---|",
+        "| N | batch | random blocks (default) | windows | scattered rows | fused pass | "
+        "blocks / fused | windows / fused | rows / fused |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for m, window, gather, fused in per_term_costs():
-        lines.append(
-            f"| {m} | {window * 1e9:.3f} | {gather * 1e9:.3f} | {fused * 1e9:.3f} | "
-            f"{window / fused:.1f}× | {gather / fused:.1f}× |"
-        )
-        print(lines[-1], flush=True)
+    for n_obs in (1_000_000, 10_000_000):
+        for m, blocks, window, rows, fused in per_term_costs(n_obs):
+            lines.append(
+                f"| {n_obs:.0e} | {m} | {blocks * 1e9:.3f} | {window * 1e9:.3f} | "
+                f"{rows * 1e9:.3f} | {fused * 1e9:.3f} | {blocks / fused:.1f}× | "
+                f"{window / fused:.1f}× | {rows / fused:.1f}× |"
+            )
+            print(lines[-1], flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
