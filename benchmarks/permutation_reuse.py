@@ -151,8 +151,8 @@ def main():
         "Chains on a small population (a Bernoulli selector, N = 1,000, first batch 50, "
         "racing the whole schedule, every draw audited): the disagreement rate of each chain, "
         "its mean and spread over chains. A chain that keeps one permutation reads its races "
-        "from it throughout, so the permutation's luck shows in the chain's rate; the mean "
-        "over chains is the rate of fresh rows whatever K is:",
+        "from it throughout, so the permutation's luck shows in the chain's rate (averaged "
+        "over permutations, the rate is that of fresh rows whatever K is):",
         "",
         "| batches | chains × draws | mean rate | sd over chains | largest |",
         "|---|---|---|---|---|",
