@@ -32,10 +32,13 @@ OUT = OUT / "racing_overhead.md"
 
 
 def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int = 30) -> float:
-    buffers = {k: np.zeros((k, batch)) for k in range(1, n_arms + 1)}
+    buffers = {}
 
-    def rewards(arms, idx):
-        return buffers[len(arms)]
+    def rewards(arms, idx):  # preallocated zeros of the right shape (blocks round batches up)
+        shape = (len(arms), len(idx))
+        if shape not in buffers:
+            buffers[shape] = np.zeros(shape)
+        return buffers[shape]
 
     config = RaceConfig(
         schedule=tuple(batch * (k + 1) for k in range(looks)),

@@ -475,8 +475,8 @@ def test_windows_read_the_permuted_rows(selector):
     )
 
 
-@pytest.mark.parametrize("batches", ["random", "windows"])
-def test_both_batch_layouts_match_enumeration(selector, batches):
+@pytest.mark.parametrize("batches", ["blocks", "random", "windows"])
+def test_every_batch_layout_matches_enumeration(selector, batches):
     model, q = selector
     point = model.initial_point()
     probs = exact_conditional(model, "q", 5, point)

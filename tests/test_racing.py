@@ -287,6 +287,29 @@ def test_normal_threshold_controls_the_crossing_probability():
     assert abs(crossed - delta) < 4 * np.sqrt(delta * (1 - delta) / reps), crossed
 
 
+def test_random_blocks_read_whole_blocks_uniformly_without_replacement():
+    from pymc_subsample.racing import RandomBlocks
+
+    rng = np.random.default_rng(15)
+    n, b, reps = 100, 16, 3000  # 7 blocks, the last of 4 positions
+    counts = np.zeros(7)
+    for _ in range(reps):
+        s = RandomBlocks(n, rng, block=b)
+        counts[s.take(1)[0] // b] += 1  # the first block drawn
+        second = s.take(20)
+        assert len(second) >= 20  # whole blocks: at least k
+        assert len(np.unique(second)) == len(second)
+        for start in second[second % b == 0]:  # every block is read whole
+            assert np.isin(np.arange(start, min(start + b, n)), second).all()
+    # the blocks are drawn uniformly (rows are then uniform over the permutation)
+    assert stats.chisquare(counts).pvalue > 1e-3
+    s = RandomBlocks(n, rng, block=b)
+    parts = [s.take(m) for m in (5, 30, 40)]
+    parts.append(s.take(n - s.n_drawn))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(n))
+    assert s.n_drawn == n
+
+
 @pytest.mark.parametrize("reuse", [False, True])
 def test_index_stream_is_uniform_without_replacement(reuse):
     rng = np.random.default_rng(14)

@@ -217,20 +217,20 @@ def shared_cases(draw):
         kw["exact_after"] = draw(st.sampled_from([None, None, 0, 2, 10, 60]))
         kw["skew_guard"] = draw(st.booleans())
     use_totals = bound != "lilucb" and draw(st.booleans())
-    windows = bound != "lilucb" and draw(st.booleans())
-    return pops, kw, use_totals, windows
+    layout = draw(st.sampled_from([None, "windows", "blocks"])) if bound != "lilucb" else None
+    return pops, kw, use_totals, layout
 
 
-def run_shared(pops, kw, use_totals, windows):
+def run_shared(pops, kw, use_totals, layout):
     rec = Recorder(pops)
     kw = dict(kw)
     totals = rec.totals if use_totals else None
-    if windows:  # the same settings as a config, reading cyclic windows
+    if layout:  # the same settings as a config, reading cyclic windows or random blocks
         exact_after = kw.pop("exact_after")
         config = RaceConfig(
             delta=kw.pop("delta"), bound=kw.pop("bound"), variance=kw.pop("variance"),
             batch_size=kw.pop("batch_size"), reward_range=kw.pop("reward_range"),
-            schedule=kw.pop("schedule"), skew_guard=kw.pop("skew_guard"), batches="windows",
+            schedule=kw.pop("schedule"), skew_guard=kw.pop("skew_guard"), batches=layout,
             exact=ExactSwitch(exact_after),
         )  # fmt: skip
         kw["config"] = config

@@ -176,6 +176,20 @@ def _bucket_sorted(idx, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
+    """Positions of blocks ``ids``, block after block, the last block cut at ``n``."""
+    out = np.empty(len(ids) * block, dtype=np.int64)
+    j = 0
+    for i in ids:
+        start = i * block
+        stop = min(start + block, n)
+        for p in range(start, stop):
+            out[j] = p
+            j += 1
+    return out[:j]
+
+
+@njit(cache=True)
 def _unmark(bits, idx):  # pragma: no cover - compiled
     for c in idx:
         bits[c >> 3] &= np.uint8(255 - (1 << (c & 7)))
@@ -359,11 +373,12 @@ class RandomBlocks:
     Positions are cut into consecutive blocks of ``b`` (the last one shorter
     when ``b`` does not divide ``n``); each :meth:`take` draws uniformly
     random new blocks (an :class:`IndexStream` over the blocks) until it holds
-    at least ``k`` new positions, and returns them block after block, the
-    blocks in increasing order. When the population is stored in a uniformly
-    random order (a row permutation :math:`\pi` of the data, as for
-    :class:`CyclicWindows`), the positions read so far are a uniformly random
-    subset drawn without replacement, nested across looks; a gather of
+    at least ``k`` new positions, and returns them block after block (the
+    blocks nearly in increasing order when there are more than 512). When the
+    population is stored in a uniformly random order (a row permutation
+    :math:`\pi` of the data, as for :class:`CyclicWindows`), the positions
+    read so far are a uniformly random subset drawn without replacement,
+    nested across looks; a gather of
     whole blocks reads memory in runs of ``b`` rows, far cheaper than rows
     scattered at random. Unlike windows, two races that share :math:`\pi`
     read nearly independent samples: a race draws its blocks afresh among
@@ -389,7 +404,6 @@ class RandomBlocks:
         self.block = int(block)
         self.n_blocks = -(-self.n // self.block)
         self._blocks = IndexStream(self.n_blocks, rng, reuse_stamps=True)
-        self._offsets = np.arange(self.block, dtype=np.int64)
         self.n_drawn = 0
 
     def take(self, k: int) -> np.ndarray:
@@ -403,17 +417,15 @@ class RandomBlocks:
         k = int(k)
         if k > self.n - self.n_drawn:
             raise ValueError(f"cannot read {k} new positions: only {self.n - self.n_drawn} remain")
+        if k <= 0:
+            return np.empty(0, dtype=np.int64)
         b = self.block
         parts = []
         got = 0
         while got < k:
             left = self.n_blocks - self._blocks.n_drawn
             ids = self._blocks.take(min(max(-(-(k - got) // b), 1), left))
-            if len(ids) <= 512:
-                ids = np.sort(ids)
-            pos = (ids[:, None] * b + self._offsets).ravel()
-            if self.n % b and (ids == self.n_blocks - 1).any():
-                pos = pos[pos < self.n]  # the last block is shorter
+            pos = _expand_blocks(ids, b, self.n)
             parts.append(pos)
             got += len(pos)
         self.n_drawn += got
