@@ -243,7 +243,10 @@ class ObservationTerms:
                 strict=False,
             )
         windows = batches == "windows"
-        self._window_graph = (start, stop, window) if windows else None
+        # the first positions of the permuted copy (a uniformly random subset), for sums over
+        # a window; races read windows of it only with batches="windows"
+        self._first_positions = (start, stop, window) if self._permuted else None
+        self._window_graph = self._first_positions if windows else None
         self._model = model
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
@@ -772,6 +775,8 @@ class ObservationTerms:
                 residual(win), inputs=[self._flat_cands, ref, start, stop, *self.inputs],
                 point_fn=False, **kw,
             )  # fmt: skip
+        if self._first_positions is not None:
+            start, stop, win = self._first_positions
             total = graph_replace(win, unflatten(ref), strict=False).sum()
             sum_inputs = [ref, start, stop, *self.inputs]
         else:
@@ -859,11 +864,11 @@ class ObservationTerms:
         """
         if self._taylor_fns is None:
             self._compile_taylor(shapes)
-        _, win_fn, sums = self._taylor_fns
+        _, _, sums = self._taylor_fns
         others = self._other_arrays(point)
         reference = np.asarray(reference, dtype=np.float64)
         scale = 1.0
-        if win_fn is not None:
+        if self._first_positions is not None:
             stop = self.n_obs if window is None else min(window, self.n_obs)
             scale = self.n_obs / stop
             bounds = (np.asarray(0, dtype=np.int64), np.asarray(stop, dtype=np.int64))

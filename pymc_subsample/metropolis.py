@@ -6,10 +6,10 @@ l_n(\theta)) + c`, with :math:`c` the proposal's part of the log ratio. The sum 
 decided by a two-arm race (Chen & Ghahramani 2016, Sec. 4;
 :func:`~pymc_subsample.racing.mh_test`) on the residuals :math:`l_n - h_n` of a
 second-order Taylor control variate :math:`h_n` around a reference point
-(a finite-difference stencil, :class:`~pymc_subsample.surrogate.QuadraticSurrogate`,
-for blocks of up to 12 coordinates; above, exact derivatives of the graph,
-:class:`~pymc_subsample.surrogate.TaylorSurrogate`; Bardenet, Doucet &
-Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
+(exact derivatives of the graph, :class:`~pymc_subsample.surrogate.TaylorSurrogate`,
+or, for a graph that cannot be differentiated twice, a finite-difference
+stencil, :class:`~pymc_subsample.surrogate.QuadraticSurrogate`; Bardenet,
+Doucet & Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
 the offsets. The same surrogate drives the default proposal: a Hamiltonian
 trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
 """
@@ -31,7 +31,7 @@ __all__ = ["PROPOSALS", "RacingMetropolis"]
 
 #: Names accepted by ``proposal``.
 PROPOSALS = ("hmc", "normal", "langevin")
-_FULL_STENCIL_MAX_DIM = 12  # above: the exact Taylor expansion by automatic differentiation
+_FULL_STENCIL_MAX_DIM = 12  # without autodiff: the full stencil up to here, the diagonal above
 _TARGET_HMC = 0.8
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
 
@@ -220,8 +220,6 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         self.dim = sum(self._sizes)
-        # above the full stencil's size, the expansion comes from automatic differentiation
-        self._autodiff = self.dim > _FULL_STENCIL_MAX_DIM
         n_obs = self.terms.n_obs
         self._plan_races(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
@@ -237,7 +235,36 @@ class RacingMetropolis(RacingStep):
         )
         self.tune_interval = int(tune_interval)
         self.tune = True
+        needs_surrogate = (
+            self.preconditioned or self.control_variates or (self.elemwise and scaling is None)
+        )
+        self._autodiff = needs_surrogate and self._compile_taylor()
         self.reset_tuning()
+
+    def _compile_taylor(self) -> bool:
+        """Compile the exact Taylor expansion of the graph; False where it cannot be derived.
+
+        Automatic differentiation gives the value, gradient and Hessian of the
+        sum in one pass and the residuals on a batch by forward mode (about
+        three term evaluations each, whatever :math:`d`). A graph that PyTensor
+        cannot differentiate twice falls back to the finite-difference stencil
+        (:math:`d^2 + 3d + 2` evaluations of every term).
+        """
+        try:
+            self.terms._compile_taylor(self._shapes)
+            self.terms._taylor_gather()
+        except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
+            if self.dim > _FULL_STENCIL_MAX_DIM:
+                warnings.warn(
+                    f"RacingMetropolis: the log-likelihood cannot be differentiated twice "
+                    f"({type(err).__name__}: {err}); its expansion falls back to a stencil of "
+                    f"{2 * self.dim + 1} points per observation, second order on the diagonal "
+                    "only, which makes a poorer control variate for this many parameters",
+                    UserWarning,
+                    stacklevel=3,
+                )
+            return False
+        return True
 
     # -- per-chain state -------------------------------------------------------------
 
