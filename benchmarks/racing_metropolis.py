@@ -45,6 +45,7 @@ import peers
 import pymc as pm
 
 from pymc_subsample import RacingMetropolis
+from pymc_subsample.surrogate import TaylorSurrogate
 from support import models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,11 @@ def ours(model, names, draws=500, tune=500, chains=2, seed=1):
         seconds = time.perf_counter() - t0
     min_ess, means, sds, mcses = summarise(idata, names)
     ss = idata.sample_stats
-    per_point = step.surrogate.n_points + 2 if step.surrogate is not None else 2
+    sur = step.surrogate
+    if isinstance(sur, TaylorSurrogate):  # value, first and second derivative, two points
+        per_point = 6
+    else:  # the stencil's points and the two points, or the two points alone
+        per_point = sur.n_points + 2 if sur is not None else 2
     obs = ss["n_evals"].values.ravel() / per_point  # observations read per decision
     return {
         "sampler": "RacingMetropolis (defaults)",
