@@ -281,9 +281,6 @@ class ObservationTerms:
             point_fn=False,
             **compile_kwargs,
         )
-        self._full_fn = model.compile_fn(
-            outs[1], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
-        )
         self._exact_fn = model.compile_fn(
             outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
         )
@@ -536,7 +533,9 @@ class ObservationTerms:
 
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
-        return self._full_fn(*candidates, *self._others(point))
+        cands, others = self._exact_arrays(candidates, point)
+        rows = [d.get_value(borrow=True) for d in self.data]  # every row, in data order
+        return self._rows_fn(*cands, *rows, *others)
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
