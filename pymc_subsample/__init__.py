@@ -1,6 +1,6 @@
 """pymc-subsample: PyMC step methods that evaluate only as much likelihood as needed."""
 
-from . import prs, racing
+from . import _numba_trigamma, prs, racing  # noqa: F401 (registers a Numba lowering)
 from .compare import compare_runs
 from .gibbs import SubsampledCategoricalGibbs
 from .graph import ModelSplitError, ObservationTerms
