@@ -508,7 +508,8 @@ def test_exact_switch_truncates_and_decides_exactly():
         assert x == int(np.argmax(log_p + noise))
         assert res.exhausted
         rounds.append(res.n_rounds)
-    assert np.mean(rounds) < 7  # some give up before the switch (7 looks, then the pass)
+    # most give up before the switch (a race that does not: 7 looks, then the pass)
+    assert sum(r < 8 for r in rounds) >= 5, rounds
 
 
 def test_mh_test_agrees_with_exact_mh_and_rejects_impossible_proposals():

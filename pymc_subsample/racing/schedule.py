@@ -122,16 +122,18 @@ _local = threading.local()
 
 
 @njit(cache=True)
-def _draw_fresh(bits, n, k, seed):  # pragma: no cover - compiled
+def _draw_fresh(bits, n, k, state):  # pragma: no cover - compiled
     r"""Draw ``k`` values of ``range(n)`` not marked in ``bits``, uniformly, and mark them.
 
     Rejection sampling on uniform candidates from a SplitMix64 stream started
-    at ``seed`` (a candidate is :math:`\lfloor n u \rfloor`, :math:`u` on 53
+    at ``state[0]`` (a candidate is :math:`\lfloor n u \rfloor`, :math:`u` on 53
     bits): the first ``k`` new distinct values, in draw order, are a
-    uniformly random ``k``-subset of the unmarked ones.
+    uniformly random ``k``-subset of the unmarked ones. ``state`` (one
+    uint64) is advanced in place, so that the next draw of the same race
+    continues the sequence.
     """
     out = np.empty(k, dtype=np.int64)
-    x = np.uint64(seed)
+    x = state[0]
     scale = float(n) / 9007199254740992.0  # n / 2**53
     got = 0
     while got < k:
@@ -147,6 +149,7 @@ def _draw_fresh(bits, n, k, seed):  # pragma: no cover - compiled
             bits[word] |= bit
             out[got] = c
             got += 1
+    state[0] = x
     return out
 
 
@@ -251,6 +254,7 @@ class IndexStream:
         self._rest: np.ndarray | None = None
         use = reuse_stamps and self.n <= STAMP_LIMIT
         self._entry = _bitmap_entry(self.n) if use else None
+        self._seed = None
         if self._entry is not None:  # clear what the previous stream of this size drew
             bits, previous = self._entry
             if previous is not None:
@@ -268,12 +272,13 @@ class IndexStream:
     def _stamped(self, k: int) -> np.ndarray:
         """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
 
-        One compiled call (:func:`_draw_fresh`) seeded from ``rng``: the
+        One compiled call (:func:`_draw_fresh`), seeded once per stream from ``rng``: the
         first ``k`` new distinct candidates are kept, a uniformly random
         ``k``-subset of the indices not drawn before.
         """
-        seed = int(self.rng.integers(1 << 63))
-        new = _draw_fresh(self._entry[0], self.n, k, seed)
+        if self._seed is None:  # one seed per stream; later draws continue its sequence
+            self._seed = np.array([self.rng.integers(1 << 63)], dtype=np.uint64)
+        new = _draw_fresh(self._entry[0], self.n, k, self._seed)
         if k > 512:
             new = _bucket_sorted(new, self.n)
         return new
