@@ -128,8 +128,9 @@ class RacingMetropolis(RacingStep):
     Sampler stats per draw: ``accept`` (acceptance probability estimated from
     the race's means; exact for exhausted races), ``accepted`` (fraction of
     proposals accepted), ``scaling`` (step size or scale), ``n_evals``
-    (per-observation terms evaluated: both points, the stencil on each batch,
-    the warm-up's passes), ``frac_evals`` (``n_evals`` over :math:`2N` per
+    (per-observation evaluations: both points on each batch, each of the
+    Taylor residual's three parts counted, or the stencil's points with the
+    stencil fallback; the warm-up's passes), ``frac_evals`` (``n_evals`` over :math:`2N` per
     decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``audit_agree`` (1/0, −1 when not
