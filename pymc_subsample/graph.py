@@ -13,12 +13,13 @@ parameters depend on it). :class:`ObservationTerms` compiles, for
 candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
 
 * :meth:`~ObservationTerms.loglik_subset`: :math:`\log f_n(\theta_k)` on
-  observations ``idx``, shape ``(K, len(idx))``, by replacing every
-  per-observation data input :math:`D` (a ``pm.Data`` with :math:`N` rows) by
-  ``D[idx]``, so the cost grows with ``len(idx)``, not with :math:`N`;
-* :meth:`~ObservationTerms.loglik_batch`: the same on a contiguous window of a
-  row-permuted copy of the data (a slice, no gather: as cheap per term as a
-  fused pass), the layout races read by default;
+  observations ``idx``, shape ``(K, len(idx))``: every per-observation data
+  input :math:`D` (a ``pm.Data`` with :math:`N` rows) is gathered as
+  ``D[idx]`` and passed to a function compiled with those rows as inputs, so
+  the cost grows with ``len(idx)``, not with :math:`N`;
+* :meth:`~ObservationTerms.loglik_batch`: the same on positions of a
+  row-permuted copy of the data: whole random blocks of rows (the layout
+  races read by default) or a contiguous window (a slice, no gather);
 * :meth:`~ObservationTerms.loglik_full`: all :math:`N` observations, ``(K, N)``;
 * :meth:`~ObservationTerms.loglik_sum`: :math:`\sum_n \log f_n(\theta_k)`,
   shape ``(K,)``, summed inside the compiled graph (one fused pass);
@@ -135,8 +136,9 @@ class ObservationTerms:
         every per-observation data input (memory: one more copy of them);
         :meth:`shuffle` redraws the permutation, one pass that moves every
         row. :meth:`loglik_batch` then reads positions of the copy: whole
-        blocks of rows (gathered in runs, nearly as cheap per term as a
-        window) or contiguous slices (``"windows"``, no gather).
+        blocks of rows (gathered in runs: dearer per term than a window,
+        cheaper than scattered rows; see the results pages) or contiguous
+        slices (``"windows"``, no gather).
         ``"random"`` keeps no copy: batches are gathers of scattered rows
         (dearer per term: a cache miss per row), for data that do not fit
         twice in memory.
@@ -261,8 +263,8 @@ class ObservationTerms:
         # with a permuted copy the fused sum reads it too (the same sum): a race that ends in
         # an exact pass then touches one copy of the data, not two
         total = window.sum(axis=-1) if self._permuted else loglik.sum()
-        # a race's gathered rows enter as inputs: numpy gathers them (a sorted take), and the
-        # compiled function only evaluates, as cheap per term as on a window
+        # a race's gathered rows enter as inputs: numpy gathers them, and the compiled
+        # function only evaluates
         self._row_inputs = [
             pt.tensor(name=f"{d.name}_rows", dtype=d.dtype, shape=(None, *d.type.shape[1:]))
             for d in self.data
