@@ -33,6 +33,9 @@ __all__ = ["PROPOSALS", "RacingMetropolis"]
 PROPOSALS = ("hmc", "normal", "langevin")
 _FULL_STENCIL_MAX_DIM = 12  # without autodiff: the full stencil up to here, the diagonal above
 _TARGET_HMC = 0.8
+#: HMC decisions in tuning after which an acceptance below _FALLBACK_RATE switches to a random walk.
+_FALLBACK_AFTER = 100
+_FALLBACK_RATE = 0.05
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
 
 
@@ -71,7 +74,9 @@ class RacingMetropolis(RacingStep):
         acceptance of 0.8 of the leapfrog integrator on the surrogate (Hoffman &
         Gelman 2014), and the path length, during tuning, towards an acceptance
         of 0.4 of the exact test (where the surrogate misfits the posterior,
-        shorter paths are accepted more often). ``"normal"``: Gaussian
+        shorter paths are accepted more often). When the exact test accepts
+        under 5% of 100 tuning trajectories, the step warns and falls back to
+        the preconditioned random walk for the rest of its run. ``"normal"``: Gaussian
         random walk, preconditioned by :math:`M^{-1}` unless ``scaling`` is
         given. ``"langevin"``: stochastic-gradient Langevin proposal
         :math:`\theta' = \theta + \frac{\epsilon^2}{2} g(\theta) + \epsilon z`
@@ -702,6 +707,28 @@ class RacingMetropolis(RacingStep):
             log["wrong"] += int(not agree)
         return decision.accepted, decision.accept_probability
 
+    def _fall_back_to_random_walk(self, rate: float) -> None:
+        """Replace an HMC proposal that the exact test nearly never accepts by a random walk.
+
+        The random walk is preconditioned by the Laplace covariance at the mode
+        and tuned as ``proposal="normal"`` (chains sampled later by this step
+        keep it). Tuning draws are discarded, so the kernel change leaves the
+        kept draws exact.
+        """
+        warnings.warn(
+            f"RacingMetropolis: the surrogate's HMC proposal was accepted {rate:.0%} of "
+            f"{self._accept_n} times in tuning (the quadratic surrogate fits this posterior "
+            "poorly: multimodal, heavy-tailed, or coefficients at a boundary); the step "
+            "falls back to a random walk preconditioned by the Laplace covariance. Pass "
+            "proposal='normal' to start with it, or use NUTS for this block",
+            UserWarning,
+            stacklevel=4,
+        )
+        self.proposal = "normal"
+        self._dual = None
+        self.scaling = 2.38 / np.sqrt(self.dim)
+        self._reset_interval()
+
     def _tune_step(self, accepted: np.ndarray, accept: np.ndarray) -> None:
         if self._dual is not None:  # hmc: dual averaging on the log step size
             # the decision itself, not the race's estimate of the acceptance probability
@@ -715,6 +742,9 @@ class RacingMetropolis(RacingStep):
                 np.clip(self._path * np.exp(gain * (rate - _TARGET_PATH)), 0.05, self.path_length)
             )
             self.scaling = float(np.exp(self._dual.update(self._integrator_accept, _TARGET_HMC)))
+            rate = self._accept_sum / self._accept_n
+            if self._accept_n >= _FALLBACK_AFTER and rate < _FALLBACK_RATE:
+                self._fall_back_to_random_walk(rate)
             return
         self.accepted_sum = self.accepted_sum + accepted.astype(int)
         self.steps_until_tune -= 1

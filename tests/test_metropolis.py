@@ -406,3 +406,22 @@ def test_large_block_defaults_sample_the_exact_posterior(wide_regression):
     assert np.abs(z).max() < 4, z
     sd_ratio = draws.std(axis=0) / np.sqrt(np.diag(cov))
     assert np.all(np.abs(sd_ratio - 1) < 0.2), sd_ratio
+
+
+def test_hmc_that_is_never_accepted_falls_back_to_a_random_walk(logistic):
+    model, _ = logistic
+    with model:
+        step = RacingMetropolis([model["a"], model["b"]], rng=4)
+    point = model.initial_point()
+    point, _ = step.step(point)  # fits the surrogate: the HMC proposal is ready
+    assert step.proposal == "hmc" and step._dual is not None
+    with pytest.warns(UserWarning, match="falls back to a random walk"):
+        for _ in range(100):  # a hundred rejections in tuning
+            step._tune_step(np.array([False]), np.array([0.0]))
+    assert step.proposal == "normal" and step._dual is None
+    moved = 0
+    for _ in range(50):  # the preconditioned random walk moves and keeps tuning
+        new, _ = step.step(point)
+        moved += not np.array_equal(new["b"], point["b"])
+        point = new
+    assert moved > 5
