@@ -66,16 +66,15 @@ def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
 
     from pymc_subsample import SubsampledCategoricalGibbs
     from pymc_subsample.cost import median_seconds
-    from pymc_subsample.racing import CyclicWindows, IndexStream, RandomBlocks
+    from pymc_subsample.racing.schedule import position_stream
 
     n_cat = 10
     model, q = make_model(n_obs, n_cat, "concentrated")
     point = model.initial_point()
     rng = np.random.default_rng(0)
     streams = {
-        "blocks": lambda: RandomBlocks(n_obs, rng),
-        "windows": lambda: CyclicWindows(n_obs, int(rng.integers(n_obs))),
-        "random": lambda: IndexStream(n_obs, rng, reuse_stamps=True),
+        layout: (lambda layout=layout: position_stream(layout, n_obs, rng))
+        for layout in ("blocks", "windows", "random")
     }
     cands = [np.arange(n_cat)]
     costs = {}

@@ -536,7 +536,8 @@ class ObservationTerms:
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         cands, others = self._exact_arrays(candidates, point)
-        rows = [d.get_value(borrow=True) for d in self.data]  # every row, in data order
+        # every row, in data order (C order: the function trusts its inputs)
+        rows = [np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data]
         return self._rows_fn(*cands, *rows, *others)
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:

@@ -16,7 +16,7 @@ from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median
 from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
-from .racing.schedule import IndexStream, RandomBlocks
+from .racing.schedule import position_stream
 
 __all__ = [
     "AUDIT_AGREE",
@@ -237,13 +237,7 @@ class RacingStep(BlockedStep):
         layout = self.terms.batches
 
         def look(m):  # a look as a race makes it: fresh positions (cold memory), then rewards
-            if layout == "windows":
-                start = int(rng.integers(n_obs - m + 1))
-                positions = slice(start, start + m)
-            elif layout == "blocks":
-                positions = RandomBlocks(n_obs, rng).take(m)
-            else:
-                positions = IndexStream(n_obs, rng, reuse_stamps=True).take(m)
+            positions = position_stream(layout, n_obs, rng).take(m)
             return self._batch_rewards(cands, positions, point)
 
         def call_seconds(m):

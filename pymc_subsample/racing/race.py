@@ -43,7 +43,7 @@ from .common import (
     validate_race_args,
 )
 from .kernels import look_marginal, look_pairwise, skew_guard
-from .schedule import CyclicWindows, ExactSwitch, IndexStream, RandomBlocks, doubling_schedule
+from .schedule import ExactSwitch, doubling_schedule, position_stream
 
 __all__ = [
     "BATCHES",
@@ -546,12 +546,7 @@ def race_shared(
     state = kernel.init()
     if kernel.n_arms == 1:
         return kernel.result(state._replace(means=kernel.offsets.astype(float)))
-    if config.batches == "windows":
-        stream = CyclicWindows(n_obs, int(rng.integers(n_obs)))
-    elif config.batches == "blocks":
-        stream = RandomBlocks(n_obs, rng)
-    else:
-        stream = IndexStream(n_obs, rng, reuse_stamps=True)
+    stream = position_stream(config.batches, n_obs, rng)
     give_up = totals is not None and kernel.can_give_up
     for size in kernel.looks:
         if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:

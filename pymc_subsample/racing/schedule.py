@@ -23,6 +23,7 @@ __all__ = [
     "IndexStream",
     "RandomBlocks",
     "doubling_schedule",
+    "position_stream",
     "random_positions",
     "skip_taken",
 ]
@@ -435,6 +436,30 @@ class RandomBlocks:
             got += len(pos)
         self.n_drawn += got
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def position_stream(batches: str, n: int, rng: np.random.Generator):
+    """Open the stream of positions one race reads, for a batch layout.
+
+    Parameters
+    ----------
+    batches : {"blocks", "random", "windows"}
+        The layout (``RaceConfig.batches``).
+    n : int
+        Population size.
+    rng : numpy.random.Generator
+        Source of the draws (or of the window's start).
+
+    Returns
+    -------
+    RandomBlocks or IndexStream or CyclicWindows
+        An object whose ``take(k)`` gives the next positions.
+    """
+    if batches == "windows":
+        return CyclicWindows(n, int(rng.integers(n)))
+    if batches == "blocks":
+        return RandomBlocks(n, rng)
+    return IndexStream(n, rng, reuse_stamps=True)
 
 
 @dataclass(frozen=True)
