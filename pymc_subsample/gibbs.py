@@ -211,6 +211,9 @@ class SubsampledCategoricalGibbs(RacingStep):
             blocked=blocked,
         )
         self.n_categories = [_n_categories(self.model, v, self.initial_point) for v in self.vars]
+        self._values = [
+            np.arange(k, dtype=v.dtype) for k, v in zip(self.n_categories, self.vars, strict=True)
+        ]
         self._set_control_variates(control_variates)
         self._plan_races(exact_fraction, max(self.n_categories))
 
@@ -311,13 +314,14 @@ class SubsampledCategoricalGibbs(RacingStep):
         n_evals = n_rounds = budget = 0
         exhausted = False
         agree = True
+        lone = len(self.vars) == 1
         for j, var in enumerate(self.vars):
             n_cat = self.n_categories[j]
-            values = np.arange(n_cat, dtype=var.dtype)
+            values = self._values[j]
             current = [np.asarray(point[v.name]) for v in self.vars]
             flat = current[j].ravel().copy()
             for k in range(flat.size):
-                if len(self.vars) == 1 and flat.size == 1:  # a lone scalar: the values
+                if lone and flat.size == 1:  # a lone scalar: the values
                     cands = [values]
                 else:
                     cands = [np.repeat(c[None], n_cat, axis=0) for c in current]

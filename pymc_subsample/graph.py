@@ -238,6 +238,7 @@ class ObservationTerms:
                 pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
                 for d in self.data
             ]
+        self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
         if self._permuted:
             window = graph_replace(
                 loglik,
@@ -294,6 +295,7 @@ class ObservationTerms:
             **compile_kwargs,
         )
         self._rows_fn.trust_input = True  # inputs are coerced before the call
+        self._exact_fn.trust_input = True
         self._window_fn = None
         if windows:
             self._window_fn = model.compile_fn(
@@ -446,6 +448,8 @@ class ObservationTerms:
         self._perm = rng.permutation(self.n_obs)
         for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
             p.set_value(d.get_value(borrow=True)[self._perm], borrow=True)
+        # the arrays behind the copies, read by every gather (set only here)
+        self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
 
     def loglik_subset(
         self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict
@@ -505,7 +509,7 @@ class ObservationTerms:
             return self._window_fn(*cands, start, stop, *others)
         if self._permuted:  # whole blocks (or a window across the end) of the permuted copy
             positions = np.asarray(positions, dtype=np.int64)
-            rows = [p.get_value(borrow=True)[positions] for p in self._permuted]
+            rows = [p[positions] for p in self._permuted_values]
             cands, others = self._exact_arrays(candidates, point)
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)
@@ -548,7 +552,8 @@ class ObservationTerms:
 
     def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""
-        return np.asarray(self._exact_fn(*candidates, *self._others(point)), dtype=np.float64)
+        cands, others = self._exact_arrays(candidates, point)
+        return np.asarray(self._exact_fn(*cands, *others), dtype=np.float64)
 
     def gradient(
         self, values: Sequence[np.ndarray], idx: np.ndarray, point: dict

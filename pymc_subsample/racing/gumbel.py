@@ -94,12 +94,19 @@ def sample_categorical(
         raise ValueError(f"log_f0 must be a non-empty 1-D array, got shape {log_f0.shape}")
     if config is None:
         validate_race_args(delta, bound, batch_size, variance, len(log_f0))
-    if np.isnan(log_f0).any() or np.isposinf(log_f0).any():
+    every = np.isfinite(log_f0).all()
+    if not every and (np.isnan(log_f0).any() or np.isposinf(log_f0).any()):
         raise ValueError("log_f0 must be finite or -inf (got NaN or +inf)")
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)
     if noise is None:
         noise = rng.gumbel(size=len(log_f0))
+    if every and config is not None and np.ndim(n_obs) == 0:  # the samplers' common path
+        n_obs = int(n_obs)
+        offsets = (log_f0 + noise) / n_obs
+        result = race_shared(rewards, len(log_f0), n_obs, config, rng=rng, offsets=offsets,
+                             totals=totals)  # fmt: skip
+        return result.winner, result
     feasible = np.flatnonzero(np.isfinite(log_f0))
     if len(feasible) == 0:
         raise ValueError("log_f0 is -inf for every candidate: the target is zero everywhere")

@@ -42,7 +42,7 @@ from .common import (
     exact_totals,
     validate_race_args,
 )
-from .kernels import look_marginal, look_pairwise, skew_guard
+from .kernels import look_marginal, look_normal, look_pairwise, stuck_arms
 from .schedule import ExactSwitch, doubling_schedule, position_stream
 
 __all__ = [
@@ -161,10 +161,11 @@ class RaceConfig:
         return self.plan(n_arms, n_obs)[1]
 
     def plan(self, n_arms: int, n_obs: int) -> tuple:
-        """Return ``(looks, bound, widths)`` for a race, computed once per config and size.
+        """Return ``(looks, bound, widths, sizes)`` for a race, computed once per config and size.
 
         ``widths`` maps each look's cumulative size :math:`T` below :math:`N`
-        to the compiled look's ``(factor, floor)`` (EBS: ``(-1, 0)``).
+        to the compiled look's ``(factor, floor)`` (EBS: ``(-1, 0)``);
+        ``sizes`` is ``looks`` as a tuple of Python ints.
         """
         key = (n_arms, n_obs)
         plan = self._cache.get(key)
@@ -193,7 +194,7 @@ class RaceConfig:
         else:
             bound = EBSBound(delta_comp / max(len(looks) - 1, 1), n_obs, c)
             widths = {int(t): (-1.0, 0.0) for t in looks[:-1]}
-        return looks, bound, widths
+        return looks, bound, widths, tuple(int(t) for t in looks)
 
 
 class RaceState(NamedTuple):
@@ -262,9 +263,12 @@ class SharedRace:
         self.n_arms = int(n_arms)
         self.n_obs = int(n_obs)
         self.offsets = np.zeros(self.n_arms) if offsets is None else offsets
-        self.looks, self.bound, self._widths = config.plan(self.n_arms, self.n_obs)
+        self.looks, self.bound, self._widths, self.look_sizes = config.plan(self.n_arms, self.n_obs)
         self.pairwise = config.variance == "pairwise" and self.n_arms > 1
         self.normal = config.bound == "normal"
+        self._guard = self.normal and self.bound.guards_skew
+        self._cantelli = self.bound.cantelli if self.normal else 0.0
+        self._t_last = self.look_sizes[-2] if len(self.looks) > 1 else 0
 
     def init(self) -> RaceState:
         """State before the first look: every arm alive, nothing drawn."""
@@ -303,7 +307,15 @@ class SharedRace:
         size = n_prev + batch.shape[1]
         n_evals = state.n_evaluations + batch.size
         n_rounds = state.n_rounds + 1
-        if size < self.n_obs:  # the common case: one compiled call
+        if size < self.n_obs and self.normal:  # the common case: one compiled call
+            factor, floor = self._widths.get(size) or self._width(size)
+            out = look_normal(
+                batch, n_prev, mean, ref, state.n_ref, dmean, m2, self.offsets[alive],
+                factor, floor, self.pairwise, self._guard, self.n_obs, self._cantelli,
+            )  # fmt: skip
+            if out[1] >= 0:
+                return self._drop(state, out, size, n_evals, n_rounds)
+        elif size < self.n_obs:  # Racing-EBS
             factor, floor = self._widths.get(size) or self._width(size)
             if self.pairwise:
                 out = look_pairwise(
@@ -356,25 +368,14 @@ class SharedRace:
         do not stop the race from dropping the others first.) Going exact early
         never adds an error.
         """
-        t_last = int(self.looks[-2])
+        t_last = self._t_last
         if state.n_drawn >= t_last:
             return False
-        score = state.mean + self.offsets[state.alive]
-        lead = int(score.argmax())
-        if self.pairwise:
-            if state.ref != lead or state.n_ref == 0:
-                return False
-            sd = np.sqrt(np.maximum(state.m2 / state.n_ref, 0.0))
-        else:
-            var = np.maximum(state.m2 / state.n_drawn, 0.0)
-            sd = np.sqrt(var + var[lead])
         factor, floor = self._widths[t_last]
-        gap = score[lead] - score
-        gap[lead] = np.inf
-        # stuck only when the gap is small with some confidence: gap + one standard error
-        t = state.n_drawn
-        se = sd * np.sqrt((self.n_obs - t) / ((self.n_obs - 1.0) * t))
-        stuck = int((gap + se < factor * np.maximum(sd, floor)).sum())
+        stuck = stuck_arms(
+            state.mean, self.offsets[state.alive], state.m2, state.ref, state.n_ref,
+            state.n_drawn, self.pairwise, factor, floor, self.n_obs,
+        )  # fmt: skip
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
     def _width(self, size: int) -> tuple[float, float]:
@@ -397,41 +398,34 @@ class SharedRace:
             winner=int(alive[int(score.argmax())]),
         )
 
+    def _drop(self, state: RaceState, out: tuple, size: int, n_evals: int, n_rounds: int):
+        """Apply a :func:`~pymc_subsample.racing.kernels.look_normal` verdict to the state."""
+        mean, lead, n_ref, dmean, m2, keep = out
+        alive = state.alive
+        ref = lead if self.pairwise else -1
+        means = state.means
+        if len(alive) > 1 and not keep.all():
+            offsets = self.offsets[alive]
+            gone = ~keep
+            means = means.copy()
+            means[alive[gone]] = mean[gone] + offsets[gone]
+            if ref >= 0:
+                ref = int(keep[:ref].sum())
+            alive, mean, dmean, m2 = alive[keep], mean[keep], dmean[keep], m2[keep]
+        winner = int(alive[0]) if len(alive) == 1 else -1
+        return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
+
     def _eliminate(self, state: RaceState, batch: np.ndarray, out: tuple, size: int):
-        """Apply the compiled look's statistics and eliminations to the state."""
-        alive, means, n_ref, dmean = state.alive, state.means, state.n_ref, state.dmean
+        """Racing-EBS: apply the compiled look's statistics and the EBS eliminations."""
         n_evals = state.n_evaluations + batch.size
         n_rounds = state.n_rounds + 1
         if self.pairwise:
-            mean, lead, n_ref, dmean, m2, keep, g1sq = out
+            mean, lead, n_ref, dmean, m2, keep, _ = out
         else:
-            mean, lead, m2, keep, g1sq = out
-        ref = lead if self.pairwise else -1
-        if len(alive) == 1:
-            winner = int(alive[0])
-            return RaceState(
-                alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner
-            )
-        if not self.normal:
-            keep = self._ebs_keep(batch, mean + self.offsets[alive], lead, m2, n_ref, size)
-        drop = not keep.all()
-        if drop and self.normal and self.bound.guards_skew:
-            score = mean + self.offsets[alive]
-            n_var = max(n_ref, 1) if self.pairwise else size
-            keep = skew_guard(
-                lead, keep, score, m2, n_var, size, self.n_obs, self.bound.cantelli,
-                self.pairwise, g1sq,
-            )  # fmt: skip
-            drop = not keep.all()
-        if drop:
-            offsets = self.offsets[alive]
-            means = means.copy()
-            means[alive[~keep]] = mean[~keep] + offsets[~keep]
-            rows = np.flatnonzero(keep)
-            ref = int(keep[:ref].sum()) if ref >= 0 else -1
-            alive, mean, dmean, m2 = alive[rows], mean[rows], dmean[rows], m2[rows]
-        winner = int(alive[0]) if len(alive) == 1 else -1
-        return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
+            (mean, lead, m2, keep, _), n_ref, dmean = out, state.n_ref, state.dmean
+        if len(state.alive) > 1:
+            keep = self._ebs_keep(batch, mean + self.offsets[state.alive], lead, m2, n_ref, size)
+        return self._drop(state, (mean, lead, n_ref, dmean, m2, keep), size, n_evals, n_rounds)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
@@ -465,10 +459,15 @@ class SharedRace:
 
     def result(self, state: RaceState) -> RaceResult:
         """Return the :class:`~pymc_subsample.racing.common.RaceResult` of a decided race."""
-        means = state.means
-        if np.isnan(means[state.alive]).any():
+        means, alive = state.means, state.alive
+        if len(alive) == 1:  # the usual end: the winner alone, still racing
+            i = alive[0]
+            if np.isnan(means[i]):
+                means = means.copy()
+                means[i] = state.mean[0] + self.offsets[i]
+        elif np.isnan(means[alive]).any():
             means = means.copy()
-            means[state.alive] = state.mean + self.offsets[state.alive]
+            means[alive] = state.mean + self.offsets[alive]
         exhausted = state.n_drawn >= self.n_obs
         return RaceResult(
             state.winner, state.n_evaluations, state.n_rounds, exhausted, state.n_drawn, means
@@ -548,10 +547,10 @@ def race_shared(
         return kernel.result(state._replace(means=kernel.offsets.astype(float)))
     stream = position_stream(config.batches, n_obs, rng)
     give_up = totals is not None and kernel.can_give_up
-    for size in kernel.looks:
+    for size in kernel.look_sizes:
         if size >= n_obs and totals is not None and 2 * state.n_drawn < n_obs:
             return _exact_pass(kernel, state, rewards, totals)
-        k = int(size) - state.n_drawn
+        k = size - state.n_drawn
         if k <= 0:  # whole blocks already reached this look
             continue
         alive = state.alive

@@ -194,6 +194,19 @@ def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - compiled
+    """Draw ``k`` unmarked blocks (:func:`_draw_fresh`, bucket-sorted above 512) and expand them.
+
+    One compiled call for what :class:`IndexStream` and :class:`RandomBlocks`
+    do in three; returns ``(ids, positions)``.
+    """
+    ids = _draw_fresh(bits, n_blocks, k, state)
+    if k > 512:
+        ids = _bucket_sorted(ids, n_blocks)
+    return ids, _expand_blocks(ids, block, n)
+
+
+@njit(cache=True)
 def _unmark(bits, idx):  # pragma: no cover - compiled
     for c in idx:
         bits[c >> 3] &= np.uint8(255 - (1 << (c & 7)))
@@ -426,8 +439,24 @@ class RandomBlocks:
         if k <= 0:
             return np.empty(0, dtype=np.int64)
         b = self.block
-        parts = []
-        got = 0
+        blocks = self._blocks
+        want = -(-k // b)
+        if (
+            blocks._entry is not None
+            and blocks._rest is None
+            and 2 * (blocks.n_drawn + want) <= blocks.n
+        ):  # the common case: one compiled call
+            if blocks._seed is None:
+                blocks._seed = np.array([blocks.rng.integers(1 << 63)], dtype=np.uint64)
+            ids, pos = _fresh_blocks(blocks._entry[0], blocks.n, want, blocks._seed, b, self.n)
+            blocks._chunks.append(ids)
+            blocks.n_drawn += want
+            if len(pos) >= k:
+                self.n_drawn += len(pos)
+                return pos
+            parts, got = [pos], len(pos)
+        else:
+            parts, got = [], 0
         while got < k:
             left = self.n_blocks - self._blocks.n_drawn
             ids = self._blocks.take(min(max(-(-(k - got) // b), 1), left))
