@@ -15,7 +15,10 @@ from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 from .racing import RaceResult, sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
-__all__ = ["SubsampledCategoricalGibbs"]
+__all__ = ["MAX_BACKOFF", "SubsampledCategoricalGibbs"]
+
+#: Longest run of exact draws an element takes after races that ended in an exact pass.
+MAX_BACKOFF = 64
 
 
 def _n_categories(model, value_var, initial_point) -> int:
@@ -150,6 +153,15 @@ class SubsampledCategoricalGibbs(RacingStep):
         block or discrete inputs change, so this pays for a scalar selector
         whose neighbours move little, not for a vector updated element by
         element. ``False`` (default): races on the raw terms.
+    backoff : bool
+        After a race that could not decide on a subset and ended in an exact
+        pass over all :math:`N` (``exhausted``), decide the next draw of that
+        element exactly at once, without a race; after each further such race
+        twice as many (1, 2, 4, ..., :data:`MAX_BACKOFF`); a race that decides
+        early resets the run. An exact draw is exact, so this adds no error,
+        and a diffuse conditional, where races cannot win, then costs about
+        what an exact draw costs instead of a race plus an exact pass.
+        Default True; False races every draw, as in the paper.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
 
@@ -158,9 +170,10 @@ class SubsampledCategoricalGibbs(RacingStep):
     Sampler stats, one value per draw: ``n_evals`` (per-observation terms
     evaluated, summed over the elements updated), ``frac_evals``
     (``n_evals / (N * D * n_elements)``), ``n_rounds`` (race looks),
-    ``exhausted`` (some race needed all :math:`N`), and ``audit_agree``
-    (1: the audited draw agreed with the exact decision for every element,
-    0: it did not, -1: not audited).
+    ``exhausted`` (some race needed all :math:`N`), ``n_raced`` (elements
+    drawn by a race rather than exactly, see ``backoff``), and ``audit_agree``
+    (1: the audited draw agreed with the exact decision for every element
+    raced, 0: it did not, -1: not audited).
     """
 
     name = "subsampled_categorical_gibbs"
@@ -169,6 +182,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         "frac_evals": (np.float64, []),
         "n_rounds": (np.int64, []),
         "exhausted": (bool, []),
+        "n_raced": (np.int64, []),
         "audit_agree": (np.int8, []),
     }
 
@@ -187,6 +201,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         batches: str = "blocks",
         shuffle_every: int | str = "auto",
         control_variates: bool | dict = False,
+        backoff: bool = True,
         model=None,
         rng=None,
         initial_point=None,
@@ -214,6 +229,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._values = [
             np.arange(k, dtype=v.dtype) for k, v in zip(self.n_categories, self.vars, strict=True)
         ]
+        self.backoff = bool(backoff)
+        self._backoff: dict = {}
         self._set_control_variates(control_variates)
         self._plan_races(exact_fraction, max(self.n_categories))
 
@@ -311,7 +328,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._renew_on_next_draw = False
         terms = self.terms
         n_obs = terms.n_obs
-        n_evals = n_rounds = budget = 0
+        n_evals = n_rounds = budget = n_raced = 0
         exhausted = False
         agree = True
         lone = len(self.vars) == 1
@@ -340,11 +357,13 @@ class SubsampledCategoricalGibbs(RacingStep):
 
                 noise = self.rng.gumbel(size=n_cat)
                 offsets = log_f0
-                if self.control_variates and not self.decides_exactly:
+                exact = self.decides_exactly or self._backing_off((j, k))
+                if self.control_variates and not exact:
                     rewards, totals, offsets = self._residual_race(j, k, cands, point, log_f0)
-                if self.decides_exactly:  # Gumbel-max on the fused totals
-                    value, res = self._exact_draw(log_f0, totals, noise, n_obs)
+                if exact:  # Gumbel-max on the fused totals
+                    value, res = self._exact_draw(log_f0, raw_totals, noise, n_obs)
                 else:
+                    n_raced += 1
                     value, res = sample_categorical(
                         offsets,
                         rewards,
@@ -355,11 +374,13 @@ class SubsampledCategoricalGibbs(RacingStep):
                         config=self.race_config,
                         **self._race_kwargs(),
                     )
+                    if self.backoff:
+                        self._after_race((j, k), res.exhausted)
                     if audit:
                         with self._audit_clock():
-                            exact, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
-                        self._record_audit(exact == value)
-                        agree &= exact == value
+                            decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
+                        self._record_audit(decision == value)
+                        agree &= decision == value
                 flat[k] = value
                 current[j] = flat.reshape(current[j].shape)
                 point[var.name] = current[j]
@@ -372,9 +393,39 @@ class SubsampledCategoricalGibbs(RacingStep):
             "frac_evals": n_evals / budget,
             "n_rounds": n_rounds,
             "exhausted": exhausted,
-            "audit_agree": (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit else AUDIT_NOT_RUN,
+            "n_raced": n_raced,
+            "audit_agree": (
+                (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
+            ),
         }
         return point, [stats]
+
+    # -- back-off after races that could not decide -----------------------------------
+
+    def _backing_off(self, key) -> bool:
+        """Return True when this element's next draw is decided exactly (counting it down)."""
+        state = self._backoff.get(key)
+        if state is None or state[1] == 0:
+            return False
+        state[1] -= 1
+        return True
+
+    def _after_race(self, key, exhausted: bool) -> None:
+        """Double the run of exact draws after a race that ended exactly; reset after others."""
+        state = self._backoff.get(key)
+        if not exhausted:
+            if state is not None:
+                state[0] = 0
+            return
+        if state is None:
+            state = self._backoff[key] = [0, 0]
+        state[0] = min(max(2 * state[0], 1), MAX_BACKOFF)
+        state[1] = state[0]
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """Reset per-chain state, the back-off included."""
+        super().setup_chain(rng, tune, draws)
+        self._backoff = {}
 
     def _residual_race(self, j, k, cands, point, log_f0):
         """Callbacks and offsets of a race on the expansion's residuals (raw if unusable)."""

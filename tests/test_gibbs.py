@@ -8,10 +8,11 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
+from pymc_subsample.gibbs import MAX_BACKOFF
 
 # race on the whole doubling schedule: these models are small, so the default
 # exact_fraction=1/64 would decide most draws exactly after a look or two
-RACE = {"exact_fraction": 1.0, "batch_size": 50}
+RACE = {"exact_fraction": 1.0, "batch_size": 50, "backoff": False}  # the paper's race, every draw
 
 
 def exact_conditional(model, var_name, n_cat, point):
@@ -99,6 +100,54 @@ def test_concentrated_conditional_uses_few_terms():
     assert (draws == 4).all()
     assert np.mean([s["frac_evals"] for s in st]) < 0.05
     assert all(s["audit_agree"] == 1 for s in st)
+
+
+def test_backoff_decides_diffuse_draws_exactly_and_keeps_the_law(selector):
+    """A diffuse conditional: races end in exact passes, so the step backs off to exact draws.
+
+    The draws still match enumeration, far fewer draws are raced, and the
+    terms per draw fall to about an exact draw's (a race that gives up costs
+    its looks plus the exact pass).
+    """
+    model, q = selector
+    point = model.initial_point()
+    probs = exact_conditional(model, "q", 5, point)
+    settings = {"exact_fraction": 0.2, "batch_size": 50, "audit_every": 0}
+    with model:
+        backing = SubsampledCategoricalGibbs([q], rng=4, **settings)
+        racing = SubsampledCategoricalGibbs([q], rng=4, backoff=False, **settings)
+    draws, st = draw_many(backing, point, 1500, "q")
+    assert_matches(draws, probs, 5)
+    raced = np.array([s["n_raced"] for s in st])
+    gave_up = np.array([s["exhausted"] for s in st]) & (raced == 1)
+    assert gave_up.sum() > 10  # the races do give up on this conditional
+    assert raced.mean() < 0.25  # ... and most draws are exact, without a race
+    _, st_racing = draw_many(racing, point, 300, "q")
+    assert all(s["n_raced"] == 1 for s in st_racing)
+    budget = backing.terms.n_obs * 5
+    per_draw = np.mean([s["n_evals"] for s in st]) / budget
+    per_draw_racing = np.mean([s["n_evals"] for s in st_racing]) / budget
+    assert per_draw < 1.05 < per_draw_racing
+
+
+def test_backoff_doubles_after_each_exhausted_race_and_resets(selector):
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=0, batch_size=50, exact_fraction=0.2)
+    runs = []
+    for _ in range(9):
+        step._after_race((0, 0), exhausted=True)
+        run = 0
+        while step._backing_off((0, 0)):
+            run += 1
+        runs.append(run)
+    assert runs == [min(2**k, MAX_BACKOFF) for k in range(9)]
+    step._after_race((0, 0), exhausted=False)  # a race decided early: race again at once
+    assert not step._backing_off((0, 0))
+    step._after_race((0, 0), exhausted=True)
+    assert step._backing_off((0, 0)) and not step._backing_off((0, 0))
+    step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
+    assert step._backoff == {}
 
 
 def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
