@@ -379,9 +379,12 @@ class SharedRace:
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
     def _width(self, size: int) -> tuple[float, float]:
-        if not self.normal:
-            return -1.0, 0.0
-        return self.bound.factor(size), self.bound.floor(size)
+        """Return the look's ``(factor, floor)`` at a size off the schedule (cached)."""
+        width = (
+            (-1.0, 0.0) if not self.normal else (self.bound.factor(size), self.bound.floor(size))
+        )
+        self._widths[size] = width  # whole blocks round the same looks up the same way
+        return width
 
     def _final(self, state: RaceState, batch: np.ndarray, size: int) -> RaceState:
         """Exact look on the last observations: only the means matter."""

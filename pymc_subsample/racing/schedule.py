@@ -117,6 +117,9 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
     return np.asarray(sizes, dtype=np.int64)
 
 
+#: Share of a population an :class:`IndexStream` with a bitmap draws by rejection (then lists).
+REJECTION_SHARE = 0.75
+
 #: Populations up to this size get a reusable per-thread bitmap of drawn indices (N/8 bytes).
 STAMP_LIMIT = 1 << 31
 _local = threading.local()
@@ -230,14 +233,14 @@ class IndexStream:
 
     Each batch is a uniformly random subset of the indices not drawn before
     (sorted when large, which makes gathers of data rows cache-friendly), so
-    the first ``k`` indices drawn are a uniformly random ``k``-subset. While
-    fewer than half of the population has been drawn, new indices are found by
-    rejection against the drawn ones: with ``reuse_stamps`` and
-    :math:`N \le` :data:`STAMP_LIMIT` through a per-thread bitmap of the
-    drawn indices, reused by every race and cleared of the previous race's
-    indices when the next one starts (one compiled pass; cost
-    :math:`O(k)` for :math:`k` new indices, whatever was drawn before),
-    otherwise through a sorted list of the drawn ones (cost
+    the first ``k`` indices drawn are a uniformly random ``k``-subset. New
+    indices are found by rejection against the drawn ones: with
+    ``reuse_stamps`` and :math:`N \le` :data:`STAMP_LIMIT` through a
+    per-thread bitmap of the drawn indices, reused by every race and cleared of
+    the previous race's indices when the next one starts (one compiled pass;
+    at most 4 candidates per new index while up to three quarters of the
+    population are drawn, :data:`REJECTION_SHARE`), otherwise, while fewer
+    than half are drawn, through a sorted list of the drawn ones (cost
     :math:`O(T \log T)`); after that the remaining indices are listed once
     (cost :math:`O(N)`, then proportional to the batch). A full permutation of
     ``range(n)`` is never built.
@@ -317,7 +320,8 @@ class IndexStream:
             raise ValueError(f"cannot draw {k} new indices: only {remaining} remain")
         if k <= 0:
             return np.empty(0, dtype=np.int64)
-        if self._rest is None and 2 * (self.n_drawn + k) > self.n:
+        share = REJECTION_SHARE if self._entry is not None else 0.5
+        if self._rest is None and self.n_drawn + k > share * self.n:
             mask = np.ones(self.n, dtype=bool)
             mask[self.drawn] = False
             self._rest = np.flatnonzero(mask)
@@ -444,7 +448,7 @@ class RandomBlocks:
         if (
             blocks._entry is not None
             and blocks._rest is None
-            and 2 * (blocks.n_drawn + want) <= blocks.n
+            and blocks.n_drawn + want <= REJECTION_SHARE * blocks.n
         ):  # the common case: one compiled call
             if blocks._seed is None:
                 blocks._seed = np.array([blocks.rng.integers(1 << 63)], dtype=np.uint64)
