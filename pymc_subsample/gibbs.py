@@ -231,6 +231,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         ]
         self.backoff = bool(backoff)
         self._backoff: dict = {}
+        self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._set_control_variates(control_variates)
         self._plan_races(exact_fraction, max(self.n_categories))
 
@@ -340,12 +341,18 @@ class SubsampledCategoricalGibbs(RacingStep):
             for k in range(flat.size):
                 if lone and flat.size == 1:  # a lone scalar: the values
                     cands = [values]
+                    if self._constant_f0 is None:
+                        log_f0 = terms.log_f0(cands, point)
+                        if terms.log_f0_is_constant:  # the same at every draw
+                            self._constant_f0 = log_f0
+                    else:
+                        log_f0 = self._constant_f0
                 else:
                     cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
                     cand_j = np.repeat(flat[None], n_cat, axis=0)
                     cand_j[:, k] = values
                     cands[j] = cand_j.reshape((n_cat, *current[j].shape))
-                log_f0 = terms.log_f0(cands, point)
+                    log_f0 = terms.log_f0(cands, point)
 
                 def rewards(arms, idx, cands=cands):
                     return terms.loglik_batch([c[arms] for c in cands], idx, point)

@@ -278,6 +278,12 @@ class ObservationTerms:
             used |= set(graph_inputs([g]))
         self.inputs = [v for v in value_vars if v in used and v not in self.vars]
         self._input_names = [v.name for v in self.inputs]
+        f0_inputs = set(graph_inputs([outs[2]]))
+        #: True when log f0 depends on the candidates alone (no other value variable and no
+        #: shared variable such as a pm.Data prior): the same at every point.
+        self.log_f0_is_constant = not any(
+            isinstance(v, SharedVariable) or v in value_vars for v in f0_inputs - set(self._cands)
+        )
         self._rows_fn = model.compile_fn(
             outs[0],
             inputs=[*self._cands, *self._row_inputs, *self.inputs],

@@ -613,3 +613,31 @@ def test_control_variates_need_a_continuous_input(selector):
         pm.Normal("y", mu[k], 1.0, observed=y_data)
         with pytest.raises(ValueError, match="lacks"):
             SubsampledCategoricalGibbs([k], control_variates={"nu": 1.0})
+
+
+def test_prior_in_pm_data_is_read_at_every_draw():
+    """log f0 is cached only when it depends on the candidates alone, not on a pm.Data prior."""
+    y = np.random.default_rng(0).normal(1.0, 1.0, size=1000)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        prior = pm.Data("prior", np.ones(3) / 3)
+        q = pm.Categorical("q", p=prior)
+        pm.Normal("y", pt.as_tensor([0.0, 1.0, 2.0])[q], 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=0)
+    assert not step.terms.log_f0_is_constant
+    point = model.initial_point()
+    draws, _ = draw_many(step, point, 20, "q")
+    assert (draws == 1).mean() > 0.5
+    with model:
+        pm.set_data({"prior": np.array([0.0, 0.0, 1.0])})
+    draws, _ = draw_many(step, point, 20, "q")
+    assert (draws == 2).all()
+
+
+def test_constant_prior_is_computed_once(selector):
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=0, **RACE)
+    assert step.terms.log_f0_is_constant
+    point, _ = step.step(model.initial_point())
+    np.testing.assert_allclose(step._constant_f0, np.log([0.1, 0.2, 0.3, 0.2, 0.2]))
