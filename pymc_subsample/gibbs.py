@@ -15,10 +15,17 @@ from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 from .racing import RaceResult, sample_categorical
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
-__all__ = ["MAX_BACKOFF", "SubsampledCategoricalGibbs"]
+__all__ = ["BACKOFF_MEMORY", "BACKOFF_SHARE", "MAX_BACKOFF", "SubsampledCategoricalGibbs"]
 
-#: Longest run of exact draws an element takes after races that ended in an exact pass.
+#: Longest run of exact draws an element takes after races that gave up.
 MAX_BACKOFF = 64
+#: Share of recent races that gave up (most candidates reached the exact pass) above which
+#: the step backs off: a race that pays costs a fraction of an exact draw and one that gives
+#: up a little more than one (the exact switch's budget), so racing loses only when most
+#: races give up.
+BACKOFF_SHARE = 0.8
+#: Races (about) over which that share is averaged (exponential weights 1/8).
+BACKOFF_MEMORY = 8
 
 
 def _n_categories(model, value_var, initial_point) -> int:
@@ -154,13 +161,15 @@ class SubsampledCategoricalGibbs(RacingStep):
         whose neighbours move little, not for a vector updated element by
         element. ``False`` (default): races on the raw terms.
     backoff : bool
-        After a race that could not decide on a subset and ended in an exact
-        pass over all :math:`N` (``exhausted``), decide the next draw of that
-        element exactly at once, without a race; after each further such race
-        twice as many (1, 2, 4, ..., :data:`MAX_BACKOFF`); a race that decides
-        early resets the run. An exact draw is exact, so this adds no error,
-        and a diffuse conditional, where races cannot win, then costs about
-        what an exact draw costs instead of a race plus an exact pass.
+        When most of an element's recent races (a share above
+        :data:`BACKOFF_SHARE`) gave up, that is evaluated at least half of an
+        exact draw's terms because most candidates reached the exact pass,
+        decide the next draw of that element exactly, without a race; after
+        each further such race twice as many (1, 2, 4, ...,
+        :data:`MAX_BACKOFF`); a race that pays ends the doubling. An exact
+        draw is exact, so this adds no error, and a diffuse conditional, where
+        races cannot win, then costs about what an exact draw costs instead of
+        a race plus an exact pass.
         Default True; False races every draw, as in the paper.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
@@ -381,8 +390,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                         config=self.race_config,
                         **self._race_kwargs(),
                     )
-                    if self.backoff:
-                        self._after_race((j, k), res.exhausted)
+                    if self.backoff:  # it did not pay: most candidates went to the exact pass
+                        self._after_race((j, k), res.n_evaluations >= 0.5 * n_obs * n_cat)
                     if audit:
                         with self._audit_clock():
                             decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
@@ -417,17 +426,29 @@ class SubsampledCategoricalGibbs(RacingStep):
         state[1] -= 1
         return True
 
-    def _after_race(self, key, exhausted: bool) -> None:
-        """Double the run of exact draws after a race that ended exactly; reset after others."""
+    def _after_race(self, key, gave_up: bool) -> None:
+        """Update the element's share of races that gave up; start or double a run of exact draws.
+
+        A race gives up when it evaluates at least half of an exact draw's
+        terms (most candidates reached its exact pass). The share is an
+        exponentially weighted mean over about the last :data:`BACKOFF_MEMORY`
+        races, started at :data:`BACKOFF_SHARE` (so that a chain that starts on
+        a diffuse conditional backs off from its first race that gives up, and
+        one whose races pay forgets the start within a few races). While it is
+        above :data:`BACKOFF_SHARE`, each race that gives up
+        doubles the run of exact draws that follows it (up to
+        :data:`MAX_BACKOFF`); a race that pays ends the doubling.
+        """
         state = self._backoff.get(key)
-        if not exhausted:
-            if state is not None:
-                state[0] = 0
-            return
         if state is None:
-            state = self._backoff[key] = [0, 0]
-        state[0] = min(max(2 * state[0], 1), MAX_BACKOFF)
-        state[1] = state[0]
+            # run length, draws left, share (from BACKOFF_SHARE: one more give-up backs off)
+            state = self._backoff[key] = [0, 0, BACKOFF_SHARE]
+        state[2] += (float(gave_up) - state[2]) / BACKOFF_MEMORY
+        if not gave_up:
+            state[0] = 0
+        elif state[2] > BACKOFF_SHARE:
+            state[0] = min(max(2 * state[0], 1), MAX_BACKOFF)
+            state[1] = state[0]
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state, the back-off included."""

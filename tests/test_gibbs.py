@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
-from pymc_subsample.gibbs import MAX_BACKOFF
+from pymc_subsample.gibbs import BACKOFF_MEMORY, BACKOFF_SHARE, MAX_BACKOFF
 
 # race on the whole doubling schedule: these models are small, so the default
 # exact_fraction=1/64 would decide most draws exactly after a look or two
@@ -119,33 +119,44 @@ def test_backoff_decides_diffuse_draws_exactly_and_keeps_the_law(selector):
     draws, st = draw_many(backing, point, 1500, "q")
     assert_matches(draws, probs, 5)
     raced = np.array([s["n_raced"] for s in st])
-    gave_up = np.array([s["exhausted"] for s in st]) & (raced == 1)
+    budget = backing.terms.n_obs * 5
+    gave_up = (np.array([s["n_evals"] for s in st]) >= 0.5 * budget) & (raced == 1)
     assert gave_up.sum() > 10  # the races do give up on this conditional
     assert raced.mean() < 0.25  # ... and most draws are exact, without a race
     _, st_racing = draw_many(racing, point, 300, "q")
     assert all(s["n_raced"] == 1 for s in st_racing)
-    budget = backing.terms.n_obs * 5
     per_draw = np.mean([s["n_evals"] for s in st]) / budget
     per_draw_racing = np.mean([s["n_evals"] for s in st_racing]) / budget
     assert per_draw < 1.05 < per_draw_racing
 
 
-def test_backoff_doubles_after_each_exhausted_race_and_resets(selector):
+def test_backoff_doubles_while_races_give_up_and_resets(selector):
     model, q = selector
     with model:
         step = SubsampledCategoricalGibbs([q], rng=0, batch_size=50, exact_fraction=0.2)
-    runs = []
-    for _ in range(9):
-        step._after_race((0, 0), exhausted=True)
-        run = 0
-        while step._backing_off((0, 0)):
-            run += 1
-        runs.append(run)
-    assert runs == [min(2**k, MAX_BACKOFF) for k in range(9)]
-    step._after_race((0, 0), exhausted=False)  # a race decided early: race again at once
-    assert not step._backing_off((0, 0))
-    step._after_race((0, 0), exhausted=True)
-    assert step._backing_off((0, 0)) and not step._backing_off((0, 0))
+
+    def runs(outcomes):
+        out = []
+        for gave_up in outcomes:
+            step._after_race((0, 0), gave_up=gave_up)
+            run = 0
+            while step._backing_off((0, 0)):
+                run += 1
+            out.append(run)
+        return out
+
+    # races that give up half of the time still pay: no back-off once the start is forgotten
+    assert runs([True])[0] == 1  # the share starts at BACKOFF_SHARE: a first give-up backs off
+    assert sum(runs([False, True] * 20)[4:]) == 0
+    # a run of failures pushes the share above BACKOFF_SHARE, then the runs double
+    share = step._backoff[(0, 0)][2]
+    first = runs([True] * 30)
+    start = first.index(1)
+    after = 1 - (1 - share) * (1 - 1 / BACKOFF_MEMORY) ** np.arange(1, 31)
+    assert start == int(np.argmax(after > BACKOFF_SHARE)) > 0 and not any(first[:start])
+    assert first[start:] == [min(2**k, MAX_BACKOFF) for k in range(30 - start)]
+    assert runs([False]) == [0]  # a race decided early: race again at once ...
+    assert runs([True]) == [1]  # ... and start doubling from one while failures dominate
     step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
     assert step._backoff == {}
 
