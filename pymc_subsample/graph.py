@@ -453,7 +453,7 @@ class ObservationTerms:
             return
         self._perm = rng.permutation(self.n_obs)
         for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
-            p.set_value(d.get_value(borrow=True)[self._perm], borrow=True)
+            p.set_value(d.get_value(borrow=True).take(self._perm, axis=0), borrow=True)
         # the arrays behind the copies, read by every gather (set only here)
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
 
@@ -483,7 +483,8 @@ class ObservationTerms:
             return self.loglik_full(candidates, point)[:, idx]
         cands, others = self._exact_arrays(candidates, point)
         idx = np.asarray(idx, dtype=np.int64)
-        rows = [d.get_value(borrow=True)[idx] for d in self.data]
+        # ndarray.take gathers rows of a matrix about five times faster than fancy indexing
+        rows = [d.get_value(borrow=True).take(idx, axis=0) for d in self.data]
         return self._rows_fn(*cands, *rows, *others)
 
     def loglik_batch(
@@ -515,7 +516,7 @@ class ObservationTerms:
             return self._window_fn(*cands, start, stop, *others)
         if self._permuted:  # whole blocks (or a window across the end) of the permuted copy
             positions = np.asarray(positions, dtype=np.int64)
-            rows = [p[positions] for p in self._permuted_values]
+            rows = [p.take(positions, axis=0) for p in self._permuted_values]
             cands, others = self._exact_arrays(candidates, point)
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)

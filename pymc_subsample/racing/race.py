@@ -242,6 +242,10 @@ class RaceState(NamedTuple):
     winner: int
 
 
+#: The state before the first look, per number of arms (see :meth:`SharedRace.init`).
+_INITIAL_STATES: dict[int, RaceState] = {}
+
+
 class SharedRace:
     r"""The racing kernel for one population shared by all arms.
 
@@ -271,12 +275,20 @@ class SharedRace:
         self._t_last = self.look_sizes[-2] if len(self.looks) > 1 else 0
 
     def init(self) -> RaceState:
-        """State before the first look: every arm alive, nothing drawn."""
-        d = self.n_arms
-        zeros = np.zeros(d)
-        means = np.full(d, np.nan)
-        winner = -1 if d > 1 else 0
-        return RaceState(np.arange(d), 0, zeros, -1, 0, zeros, zeros, means, 0, 0, winner)
+        """State before the first look: every arm alive, nothing drawn.
+
+        The same state object for every race of ``n_arms`` arms: updates never
+        write into a state's arrays, they return new ones.
+        """
+        state = _INITIAL_STATES.get(self.n_arms)
+        if state is None:
+            d = self.n_arms
+            zeros = np.zeros(d)
+            means = np.full(d, np.nan)
+            winner = -1 if d > 1 else 0
+            state = RaceState(np.arange(d), 0, zeros, -1, 0, zeros, zeros, means, 0, 0, winner)
+            _INITIAL_STATES[d] = state
+        return state
 
     def update(self, state: RaceState, batch: np.ndarray) -> RaceState:
         """Merge the survivors' rewards on the next look and eliminate; return the new state.
@@ -413,7 +425,7 @@ class SharedRace:
             means = means.copy()
             means[alive[gone]] = mean[gone] + offsets[gone]
             if ref >= 0:
-                ref = int(keep[:ref].sum())
+                ref = int(np.count_nonzero(keep[:ref]))
             alive, mean, dmean, m2 = alive[keep], mean[keep], dmean[keep], m2[keep]
         winner = int(alive[0]) if len(alive) == 1 else -1
         return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)

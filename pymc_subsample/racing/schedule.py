@@ -286,6 +286,10 @@ class IndexStream:
             self._chunks = [np.concatenate(self._chunks or [np.empty(0, dtype=np.int64)])]
         return self._chunks[0]
 
+    def new_seed(self) -> np.ndarray:
+        """Return a fresh SplitMix64 state: 64 raw bits of ``rng`` (cheaper than ``integers``)."""
+        return np.array([self.rng.bit_generator.random_raw()], dtype=np.uint64)
+
     def _stamped(self, k: int) -> np.ndarray:
         """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
 
@@ -294,7 +298,7 @@ class IndexStream:
         ``k``-subset of the indices not drawn before.
         """
         if self._seed is None:  # one seed per stream; later draws continue its sequence
-            self._seed = np.array([self.rng.integers(1 << 63)], dtype=np.uint64)
+            self._seed = self.new_seed()
         new = _draw_fresh(self._entry[0], self.n, k, self._seed)
         if k > 512:
             new = _bucket_sorted(new, self.n)
@@ -451,7 +455,7 @@ class RandomBlocks:
             and blocks.n_drawn + want <= REJECTION_SHARE * blocks.n
         ):  # the common case: one compiled call
             if blocks._seed is None:
-                blocks._seed = np.array([blocks.rng.integers(1 << 63)], dtype=np.uint64)
+                blocks._seed = blocks.new_seed()
             ids, pos = _fresh_blocks(blocks._entry[0], blocks.n, want, blocks._seed, b, self.n)
             blocks._chunks.append(ids)
             blocks.n_drawn += want
