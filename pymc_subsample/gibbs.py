@@ -13,10 +13,21 @@ import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .racing import RaceResult, sample_categorical
+from .racing.compiled import race_compiled, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
-__all__ = ["BACKOFF_MEMORY", "BACKOFF_SHARE", "MAX_BACKOFF", "SubsampledCategoricalGibbs"]
+__all__ = [
+    "BACKOFF_MEMORY",
+    "BACKOFF_SHARE",
+    "COMPILED_MIN_OBS",
+    "MAX_BACKOFF",
+    "SubsampledCategoricalGibbs",
+]
 
+#: Populations from this size on race in one compiled call per draw where they can
+#: (:func:`~pymc_subsample.racing.compiled.race_compiled`); smaller ones race in Python and
+#: do not pay the driver's compilation.
+COMPILED_MIN_OBS = 100_000
 #: Longest run of exact draws an element takes after races that gave up.
 MAX_BACKOFF = 64
 #: Share of recent races that gave up (most candidates reached the exact pass) above which
@@ -243,6 +254,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._set_control_variates(control_variates)
         self._plan_races(exact_fraction, max(self.n_categories))
+        self._plan_compiled()
 
     # -- control variates ------------------------------------------------------------
 
@@ -380,16 +392,19 @@ class SubsampledCategoricalGibbs(RacingStep):
                     value, res = self._exact_draw(log_f0, raw_totals, noise, n_obs)
                 else:
                     n_raced += 1
-                    value, res = sample_categorical(
-                        offsets,
-                        rewards,
-                        n_obs,
-                        rng=self.rng,
-                        noise=noise,
-                        totals=totals,
-                        config=self.race_config,
-                        **self._race_kwargs(),
-                    )
+                    if self._compiled:  # a lone scalar: the whole race in one compiled call
+                        value, res = self._compiled_draw(values, log_f0, noise, point, totals)
+                    else:
+                        value, res = sample_categorical(
+                            offsets,
+                            rewards,
+                            n_obs,
+                            rng=self.rng,
+                            noise=noise,
+                            totals=totals,
+                            config=self.race_config,
+                            **self._race_kwargs(),
+                        )
                     if self.backoff:  # it did not pay: most candidates went to the exact pass
                         self._after_race((j, k), res.n_evaluations >= 0.5 * n_obs * n_cat)
                     if audit:
@@ -415,6 +430,46 @@ class SubsampledCategoricalGibbs(RacingStep):
             ),
         }
         return point, [stats]
+
+    # -- compiled races -------------------------------------------------------------
+
+    def _plan_compiled(self) -> None:
+        """Use compiled races (:func:`race_compiled`) where they apply; compile them now."""
+        terms = self.terms
+        n_obs = terms.n_obs
+        self._compiled = (
+            n_obs >= COMPILED_MIN_OBS
+            and self.race_config is not None
+            and not self.decides_exactly
+            and not self.control_variates
+            and len(self.vars) == 1
+            and np.size(self.initial_point[self.vars[0].name]) == 1
+            and terms.compiled_rows() is not None
+            and supports(self.race_config, self.n_categories[0], n_obs, totals=True)
+        )
+        if self._compiled:  # compile the driver before sampling (a second or two, once)
+            n_cat = self.n_categories[0]
+            point = self.initial_point
+            self._compiled_draw(
+                self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
+                lambda arms: self.terms.loglik_sum([self._values[0][arms]], point),
+                rng=np.random.default_rng(0),
+            )  # fmt: skip
+
+    def _compiled_draw(self, values, log_f0, noise, point, totals, rng=None):
+        """Gumbel-max draw by a compiled race; the Python race when some log f0 is -inf."""
+        n_obs = self.terms.n_obs
+        rng = self.rng if rng is None else rng
+        if not np.isfinite(log_f0).all():
+            return sample_categorical(
+                log_f0, lambda arms, idx: self.terms.loglik_batch([values[arms]], idx, point),
+                n_obs, rng=rng, noise=noise, totals=totals, config=self.race_config,
+            )  # fmt: skip
+        res = race_compiled(
+            self.terms.compiled_rows(), values, tuple(self.terms.other_arrays(point)), n_obs,
+            self.race_config, rng=rng, offsets=(log_f0 + noise) / n_obs, totals=totals,
+        )  # fmt: skip
+        return res.winner, res
 
     # -- back-off after races that could not decide -----------------------------------
 

@@ -40,6 +40,8 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs
 
+from .racing.compiled import CompiledRewards
+
 __all__ = [
     "BATCH_LAYOUTS",
     "MAX_SECOND_ORDER_INPUTS",
@@ -543,6 +545,23 @@ class ObservationTerms:
         if not self._permuted and not isinstance(positions, slice):
             return positions
         return self._perm[positions]
+
+    def compiled_rows(self) -> CompiledRewards | None:
+        """Return the rows function's Numba kernel on the permuted copies (random blocks).
+
+        For :func:`~pymc_subsample.racing.compiled.race_compiled`: None without
+        a row-permuted copy read as blocks, or when the rows function was not
+        compiled by Numba. Its inputs are the candidates, the gathered rows of
+        every per-observation input and :meth:`other_arrays`.
+        """
+        jit_fn = getattr(getattr(self._rows_fn, "vm", None), "jit_fn", None)
+        if jit_fn is None or self.batches != "blocks" or not self._permuted:
+            return None
+        return CompiledRewards(jit_fn, self._permuted_values)
+
+    def other_arrays(self, point: dict) -> list:
+        """Return the other value variables' values as arrays of the compiled dtypes."""
+        return self._other_arrays(point)
 
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""

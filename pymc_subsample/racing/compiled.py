@@ -1,0 +1,338 @@
+r"""A whole Racing-Normal race in one compiled call, for rewards that are compiled too.
+
+:func:`~pymc_subsample.racing.race.race_shared` calls Python at every look: the
+reward callback, the position stream, the state update. On cheap terms at large
+:math:`N` that Python costs more than the terms themselves. When the rewards
+come from a Numba-compiled function of the rows of some data arrays (as a
+PyTensor function compiled with the Numba backend is), the whole subsampled
+part of a race can run in one compiled call instead: :func:`race_blocks` draws
+whole random blocks of positions (the same :class:`~pymc_subsample.racing.
+schedule.RandomBlocks` draw, from the same SplitMix64 stream), gathers the
+rows, calls the reward function on the survivors, and applies
+:func:`~pymc_subsample.racing.kernels.look_normal`, the eliminations and the
+give-up test of :meth:`~pymc_subsample.racing.race.SharedRace.hopeless`, look
+after look; it returns the race's state, and the caller ends the race (exact
+pass, rescue) as :func:`~pymc_subsample.racing.race.race_shared` does. Same
+settings and the same random stream give the same decisions as the Python
+driver.
+
+The driver is generated for each number of data arrays and of extra inputs
+and compiled once per reward function (a second or two).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .common import RaceResult, TotalsFn
+from .kernels import look_normal, stuck_arms
+from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
+from .schedule import (
+    BLOCK_ROWS,
+    REJECTION_SHARE,
+    _bitmap_entry,
+    _bucket_sorted,
+    _draw_fresh,
+    _expand_blocks,
+    _unmark,
+)
+
+__all__ = ["CompiledRewards", "race_blocks", "race_compiled", "supports"]
+
+#: Status codes returned by a compiled race.
+DECIDED, EXACT_PASS, ALL_MINUS_INF, NAN_REWARD, POSINF_REWARD = range(5)
+
+_TEMPLATE = """
+def driver(fn, cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshold,
+           floor_range, offsets, pairwise, guard, cantelli, give_up, t_last, factor_last,
+           floor_last):
+    d = len(offsets)
+    alive = np.arange(d)
+    mean = np.zeros(d)
+    dmean = np.zeros(d)
+    m2 = np.zeros(d)
+    means = np.full(d, np.nan)
+    ref = -1
+    n_ref = 0
+    n_drawn = 0
+    n_evals = 0
+    n_rounds = 0
+    winner = -1
+    status = 1
+    drawn = np.empty(n_blocks, dtype=np.int64)
+    nd = 0
+    for li in range(len(looks)):
+        k = looks[li] - n_drawn
+        if k <= 0:
+            continue
+        want = (k + block - 1) // block
+        ids = _draw_fresh(bits, n_blocks, want, seed)
+        if want > 512:
+            ids = _bucket_sorted(ids, n_blocks)
+        drawn[nd:nd + want] = ids
+        nd += want
+        pos = _expand_blocks(ids, block, n_obs)
+{gathers}
+        batch = fn(cand[alive], {call})[0]
+        size = n_drawn + batch.shape[1]
+        n_evals += batch.size
+        n_rounds += 1
+        factor = threshold * np.sqrt((n_obs - size) / (n_obs - 1.0) / size)
+        floor = 0.0
+        if floor_range >= 0.0:
+            p0 = 1.0 / (size + 1.0)
+            floor = floor_range * np.sqrt(p0 * (1.0 - p0))
+        while True:
+            out = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
+                              factor, floor, pairwise, guard, n_obs, cantelli)
+            if out[1] >= 0:
+                break
+            if np.isnan(batch).any():
+                status = 3
+                break
+            if np.isposinf(batch).any():
+                status = 4
+                break
+            finite = np.array([np.isfinite(batch[i]).all() for i in range(len(alive))])
+            for i in range(len(alive)):
+                if not finite[i]:
+                    means[alive[i]] = -np.inf
+            rows = np.flatnonzero(finite)
+            new_ref = -1
+            for j in range(len(rows)):
+                if rows[j] == ref:
+                    new_ref = j
+            ref = new_ref
+            alive = alive[rows]
+            batch = np.ascontiguousarray(batch[rows])
+            mean = mean[rows]
+            dmean = dmean[rows]
+            m2 = m2[rows]
+            if len(alive) == 0:
+                status = 2
+                break
+        if status >= 2:
+            n_drawn = size
+            break
+        mean, lead, n_ref, dmean, m2, keep = out
+        ref = lead if pairwise else -1
+        if len(alive) > 1 and not keep.all():
+            off = offsets[alive]
+            for i in range(len(alive)):
+                if not keep[i]:
+                    means[alive[i]] = mean[i] + off[i]
+            if ref >= 0:
+                ref = np.count_nonzero(keep[:ref])
+            alive = alive[keep]
+            mean = mean[keep]
+            dmean = dmean[keep]
+            m2 = m2[keep]
+        n_drawn = size
+        if len(alive) == 1:
+            winner = alive[0]
+            status = 0
+            break
+        if give_up and n_drawn < t_last:
+            stuck = stuck_arms(mean, offsets[alive], m2, ref, n_ref, n_drawn, pairwise,
+                               factor_last, floor_last, n_obs)
+            if stuck > 0 and 2 * (stuck + 1) >= len(alive):
+                break
+    _unmark(bits, drawn[:nd])
+    return (status, alive, n_drawn, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds,
+            winner)
+"""
+
+_DRIVERS: dict[tuple[int, int], object] = {}
+
+
+def _driver(n_rows: int, n_others: int):
+    """Return the compiled driver for ``n_rows`` data arrays and ``n_others`` extra inputs."""
+    key = (n_rows, n_others)
+    if key not in _DRIVERS:
+        rows = [f"d{i}" for i in range(n_rows)]
+        others = [f"o{i}" for i in range(n_others)]
+        gathers = "\n".join(f"        r{i} = d{i}[pos]" for i in range(n_rows))
+        source = _TEMPLATE.format(
+            args=", ".join(rows + others),
+            gathers=gathers,
+            call=", ".join([f"r{i}" for i in range(n_rows)] + others),
+        )
+        namespace = {
+            "np": np,
+            "look_normal": look_normal,
+            "stuck_arms": stuck_arms,
+            "_draw_fresh": _draw_fresh,
+            "_bucket_sorted": _bucket_sorted,
+            "_expand_blocks": _expand_blocks,
+            "_unmark": _unmark,
+        }
+        exec(compile(source, f"<race_blocks driver {key}>", "exec"), namespace)  # noqa: S102
+        _DRIVERS[key] = njit(namespace["driver"])
+    return _DRIVERS[key]
+
+
+class CompiledRewards:
+    r"""Rewards computed by a Numba-compiled function of gathered data rows.
+
+    ``fn(candidates, *rows, *others)`` returns a tuple whose first element is
+    the ``(len(candidates), len(rows))`` matrix of rewards, as a PyTensor
+    function compiled with the Numba backend does (its ``vm.jit_fn``).
+
+    Parameters
+    ----------
+    fn : numba dispatcher
+        The compiled reward function.
+    data : sequence of numpy.ndarray
+        C-contiguous arrays whose first axis is the population (in a
+        uniformly random order, e.g. row-permuted copies of the data).
+    """
+
+    def __init__(self, fn, data):
+        self.fn = fn
+        self.data = tuple(data)
+
+
+def supports(config: RaceConfig, n_arms: int, n_obs: int, totals) -> bool:
+    """Return True when :func:`race_blocks` can run this race.
+
+    Racing-Normal on whole random blocks with a fused exact pass (``totals``)
+    after a last subsampled look that stays within the bitmap draw and below
+    half of the population, with more than one arm.
+    """
+    if config.bound != "normal" or config.batches != "blocks" or totals is None or n_arms < 2:
+        return False
+    looks = config.looks(n_obs)
+    if len(looks) < 2:
+        return False
+    last = int(looks[-2]) + BLOCK_ROWS
+    n_blocks = -(-n_obs // BLOCK_ROWS)
+    return 2 * last < n_obs and last <= REJECTION_SHARE * n_blocks * BLOCK_ROWS - BLOCK_ROWS
+
+
+def race_blocks(
+    rewards: CompiledRewards,
+    candidates: np.ndarray,
+    others: tuple,
+    n_obs: int,
+    config: RaceConfig,
+    *,
+    rng: np.random.Generator,
+    offsets: np.ndarray,
+) -> tuple[SharedRace, RaceState, int]:
+    r"""Run the subsampled looks of a Racing-Normal race in one compiled call.
+
+    The looks, bound, eliminations, skew guard and give-up test are those of
+    :func:`~pymc_subsample.racing.race.race_shared` with ``batches="blocks"``
+    (:func:`supports` tells when it applies); the rewards of arm :math:`i` on
+    rows ``r`` are ``rewards.fn(candidates[i], *rows, *others)``.
+
+    Parameters
+    ----------
+    rewards : CompiledRewards
+        The compiled reward function and its data arrays.
+    candidates : numpy.ndarray
+        One candidate per arm (first axis), passed to the reward function.
+    others : tuple of numpy.ndarray
+        Further inputs of the reward function, unchanged between looks.
+    n_obs : int
+        Population size :math:`N`.
+    config : RaceConfig
+        Settings (``bound="normal"``, ``batches="blocks"``).
+    rng : numpy.random.Generator
+        Source of the block draws (one seed, as a :class:`RandomBlocks` stream
+        draws it).
+    offsets : numpy.ndarray
+        Offset of each arm.
+
+    Returns
+    -------
+    kernel : SharedRace
+        The race's kernel, to end it with.
+    state : RaceState
+        The state after the last look: decided (``winner >= 0``), or waiting
+        for the exact pass (or, with no survivor left, for the rescue).
+    status : int
+        :data:`DECIDED`, :data:`EXACT_PASS` or :data:`ALL_MINUS_INF`.
+
+    Raises
+    ------
+    ValueError
+        When a reward is NaN or +inf.
+    """
+    kernel = SharedRace(config, len(offsets), n_obs, offsets)
+    n_blocks = -(-n_obs // BLOCK_ROWS)
+    entry = _bitmap_entry(n_blocks)
+    bits, previous = entry
+    if previous is not None:  # clear what the last Python stream of this size drew
+        for chunk in previous._chunks:
+            _unmark(bits, chunk)
+        entry[1] = None
+    seed = np.array([rng.bit_generator.random_raw()], dtype=np.uint64)
+    bound = kernel.bound
+    floor_range = -1.0 if bound.floor_range is None else float(bound.floor_range)
+    t_last = kernel._t_last
+    factor_last, floor_last = kernel._widths.get(t_last, (0.0, 0.0))
+    looks = np.asarray(kernel.look_sizes[:-1], dtype=np.int64)
+    driver = _driver(len(rewards.data), len(others))
+    out = driver(
+        rewards.fn, candidates, *rewards.data, *others, bits, seed, n_blocks, BLOCK_ROWS,
+        n_obs, looks, float(bound.threshold), floor_range, offsets, kernel.pairwise,
+        kernel._guard, float(kernel._cantelli), kernel.can_give_up, t_last,
+        float(factor_last), float(floor_last),
+    )  # fmt: skip
+    status = int(out[0])
+    if status == NAN_REWARD:
+        raise ValueError(
+            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
+        )
+    if status == POSINF_REWARD:
+        raise ValueError(
+            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
+        )
+    alive, n_drawn, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner = out[1:]
+    state = RaceState(
+        alive, int(n_drawn), mean, int(ref), int(n_ref), dmean, m2, means, int(n_evals),
+        int(n_rounds), int(winner),
+    )  # fmt: skip
+    return kernel, state, status
+
+
+def race_compiled(
+    rewards: CompiledRewards,
+    candidates: np.ndarray,
+    others: tuple,
+    n_obs: int,
+    config: RaceConfig,
+    *,
+    rng: np.random.Generator,
+    offsets: np.ndarray,
+    totals: TotalsFn,
+) -> RaceResult:
+    """Run a whole race: :func:`race_blocks`, then its exact pass or rescue through ``totals``.
+
+    Parameters
+    ----------
+    rewards, candidates, others, n_obs, config, rng, offsets
+        As for :func:`race_blocks`.
+    totals : callable
+        ``totals(arms)``: each arm's sum over all :math:`N` observations (one
+        fused pass), for the exact pass.
+
+    Returns
+    -------
+    RaceResult
+        As :func:`~pymc_subsample.racing.race.race_shared` returns it.
+    """
+    kernel, state, status = race_blocks(
+        rewards, candidates, others, n_obs, config, rng=rng, offsets=offsets
+    )
+    if status == DECIDED:
+        return kernel.result(state)
+
+    def rows_rewards(arms, idx):  # only the rescue of a race whose survivors are all -inf
+        raise RuntimeError("a compiled race reads its rows itself")
+
+    if status == EXACT_PASS:
+        return _exact_pass(kernel, state, rows_rewards, totals)
+    return _rescue(kernel, state, rows_rewards, totals)

@@ -1,0 +1,131 @@
+"""The compiled race (racing.compiled) against the Python driver, and in the Gibbs step."""
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+from numba import njit
+
+from pymc_subsample import SubsampledCategoricalGibbs
+from pymc_subsample.racing import RaceConfig, race_shared
+from pymc_subsample.racing.compiled import CompiledRewards, race_compiled, supports
+from pymc_subsample.racing.schedule import ExactSwitch
+
+
+@njit
+def gaussian_terms(cand, rows, scale):
+    """Log-density terms of rows under N(cand, scale), -inf for arm values above 8."""
+    out = np.empty((len(cand), len(rows)))
+    for i in range(len(cand)):
+        for n in range(len(rows)):
+            z = (rows[n] - cand[i]) / scale[()]
+            out[i, n] = -np.inf if cand[i] > 8.0 and rows[n] > 2.5 else -0.5 * z * z
+    return (out,)
+
+
+def python_race(data, cand, scale, config, n_obs, rng, offsets):
+    def rewards(arms, idx):
+        return gaussian_terms(cand[arms], data[idx], scale)[0]
+
+    def totals(arms):
+        return gaussian_terms(cand[arms], data, scale)[0].sum(axis=1)
+
+    return race_shared(rewards, len(cand), n_obs, config, rng=rng, offsets=offsets, totals=totals)
+
+
+@pytest.mark.parametrize(
+    ("spread", "variance"), [(0.05, "pairwise"), (0.002, "pairwise"), (0.05, "marginal")]
+)
+def test_compiled_race_makes_the_python_race_decisions(spread, variance):
+    n_obs = 200_000
+    data = np.random.default_rng(0).normal(size=n_obs)
+    cand = np.arange(10) * spread - 4 * spread
+    cand[9] = 9.0  # -inf terms on some rows: dropped at the look that meets one
+    scale = np.asarray(1.0)
+    config = RaceConfig(
+        batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks", variance=variance
+    )
+    assert supports(config, 10, n_obs, totals=True)
+    compiled = CompiledRewards(gaussian_terms, [data])
+    noise_rng = np.random.default_rng(1)
+    for seed in range(40):
+        offsets = noise_rng.gumbel(size=10) / n_obs
+        expected = python_race(
+            data, cand, scale, config, n_obs, np.random.default_rng(seed), offsets
+        )
+        got = race_compiled(
+            compiled, cand, (scale,), n_obs, config, rng=np.random.default_rng(seed),
+            offsets=offsets, totals=lambda arms: gaussian_terms(cand[arms], data, scale)[0].sum(1),
+        )  # fmt: skip
+        assert got.winner == expected.winner
+        assert got.n_evaluations == expected.n_evaluations
+        assert got.n_rounds == expected.n_rounds
+        np.testing.assert_array_equal(got.means, expected.means)
+
+
+def test_compiled_race_rejects_nan_rewards():
+    @njit
+    def nan_terms(cand, rows):
+        out = np.zeros((len(cand), len(rows)))
+        out[-1, 0] = np.nan
+        return (out,)
+
+    n_obs = 200_000
+    config = RaceConfig(batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks")
+    with pytest.raises(ValueError, match="returned NaN"):
+        race_compiled(
+            CompiledRewards(nan_terms, [np.zeros(n_obs)]), np.arange(3.0), (), n_obs, config,
+            rng=np.random.default_rng(0), offsets=np.zeros(3), totals=lambda arms: np.zeros(3),
+        )  # fmt: skip
+
+
+def test_supports_only_blocks_with_an_early_exact_pass():
+    early = RaceConfig(batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks")
+    assert supports(early, 10, 200_000, totals=True)
+    assert not supports(early, 10, 200_000, totals=None)  # no fused pass to end with
+    assert not supports(early, 1, 200_000, totals=True)
+    assert not supports(RaceConfig(batch_size=400, batches="blocks"), 10, 200_000, totals=True)
+    windows = RaceConfig(batch_size=400, exact=ExactSwitch.after_size(12_800), batches="windows")
+    assert not supports(windows, 10, 200_000, totals=True)
+    ebs = RaceConfig(
+        bound="ebs", batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks"
+    )
+    assert not supports(ebs, 10, 200_000, totals=True)
+
+
+@pytest.fixture(scope="module")
+def large_selector():
+    rng = np.random.default_rng(3)
+    n_obs = 150_000
+    mus = np.array([0.0, 0.004, 0.008, 0.012, 0.3])
+    x = rng.normal(size=n_obs)
+    y = rng.normal(0.008 + 0.5 * x, 1.0)
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", y)
+        slope = pm.Normal("slope", 0.0, 1.0)
+        q = pm.Categorical("q", p=np.full(5, 0.2))
+        pm.Normal("y", pt.as_tensor(mus)[q] + slope * x_data, 1.0, observed=y_data)
+    return model, q
+
+
+def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
+    model, q = large_selector
+    settings = {"batch_size": 400, "exact_fraction": 0.1, "audit_every": 0}
+    with model:
+        compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)
+        python = SubsampledCategoricalGibbs([q], rng=5, **settings)
+    assert compiled._compiled
+    python._compiled = False
+    point = model.initial_point()
+    point["slope"] = np.asarray(0.5)
+    draws = {}
+    for name, step in (("compiled", compiled), ("python", python)):
+        p, record = dict(point), []
+        for _ in range(150):
+            p, stats = step.step(p)
+            record.append((int(p["q"]), stats[0]["n_evals"], stats[0]["n_rounds"]))
+        draws[name] = record
+    assert draws["compiled"] == draws["python"]
+    values = np.array([r[0] for r in draws["compiled"]])
+    assert len(np.unique(values)) > 1  # a real spread: races that drop, give up and decide
