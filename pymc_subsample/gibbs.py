@@ -187,6 +187,12 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     Notes
     -----
+    For a lone scalar variable without control variates, at :math:`N \ge`
+    :data:`COMPILED_MIN_OBS` and with the exact switch before half of the
+    data, each race runs in one compiled call
+    (:func:`~pymc_subsample.racing.compiled.race_compiled`, the same
+    decisions as the Python race), compiled when the step is built.
+
     Sampler stats, one value per draw: ``n_evals`` (per-observation terms
     evaluated, summed over the elements updated), ``frac_evals``
     (``n_evals / (N * D * n_elements)``), ``n_rounds`` (race looks),
