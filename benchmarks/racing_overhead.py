@@ -135,6 +135,19 @@ def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
     ]
 
 
+def look_rows(per_look_fn, batches) -> list[str]:
+    """Table rows of ``per_look_fn(D, variance, batch)`` microseconds, printed as they come."""
+    rows = []
+    for n_arms in (2, 10, 100):
+        for variance in ("pairwise", "marginal"):
+            cells = [per_look_fn(n_arms, variance, b) for b in batches]
+            rows.append(
+                f"| {n_arms} | {variance} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main():
     batches = (50, 1000, 10_000)
     lines = [
@@ -146,13 +159,7 @@ def main():
         "| D | variance | " + " | ".join(f"batch {b}" for b in batches) + " |",
         "|---|---|" + "---|" * len(batches),
     ]
-    for n_arms in (2, 10, 100):
-        for variance in ("pairwise", "marginal"):
-            cells = [per_look(n_arms, variance, b) for b in batches]
-            lines.append(
-                f"| {n_arms} | {variance} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
-            )
-            print(lines[-1], flush=True)
+    lines += look_rows(per_look, batches)
     lines += [
         "",
         "The same looks in a compiled race (`race_compiled`, what the Gibbs step runs for a "
@@ -162,13 +169,7 @@ def main():
         "| D | variance | " + " | ".join(f"batch {b}" for b in batches) + " |",
         "|---|---|" + "---|" * len(batches),
     ]
-    for n_arms in (2, 10, 100):
-        for variance in ("pairwise", "marginal"):
-            cells = [per_look_compiled(n_arms, variance, b) for b in batches]
-            lines.append(
-                f"| {n_arms} | {variance} | " + " | ".join(f"{c:.1f}" for c in cells) + " |"
-            )
-            print(lines[-1], flush=True)
+    lines += look_rows(per_look_compiled, batches)
     lines += [
         "",
         "Per-term cost of a look (drawing its positions and evaluating its terms, memory "
