@@ -61,6 +61,7 @@ import matplotlib
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+import xarray as xr
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
@@ -171,6 +172,40 @@ def product_space_model(
             nus.append(nu_m2)
         sigma2 = pt.stack(a0s)[q] + (lag_data * pt.stack(rows)[q]).sum(axis=1)
         pm.StudentT("obs", nu=pt.stack(nus)[q] + 2, sigma=pt.sqrt(sigma2), observed=r_data)
+    return model
+
+
+def marginal_model(
+    r: np.ndarray, lags: np.ndarray, log_prior_q: np.ndarray, pseudo: list[dict]
+) -> pm.Model:
+    r"""Build the product-space model with :math:`q` summed out, for NUTS on every parameter.
+
+    :math:`\log p(z, r) = \log \sum_j \tilde\pi_j\, p(r \mid z_j)\, p(z_j)
+    \prod_{i \ne j} \tilde p_i(z_i)`, with the same adjusted prior and
+    pseudopriors as :func:`product_space_model`: what pymc-extras'
+    ``marginalize`` builds from it. ``log_p_q`` is :math:`\log P(q \mid z, r)`
+    at each draw, from which q is drawn afterwards (pymc-extras' ``recover``).
+    Every gradient reads the six orders' likelihoods.
+    """
+    with pm.Model() as model:
+        r_data = pm.Data("r", r)
+        lag_data = pm.Data("lag2", lags)
+        log_prior = pm.Data("log_prior_q", np.asarray(log_prior_q, dtype=float))
+        parts, pseudos = [], []
+        for j, order in enumerate(Q_GRID):
+            z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
+            lp, a0, a, nu_m2 = arch_parameters(z, order)
+            diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (z - pseudo[j]["mean"])
+            pseudos.append(-0.5 * (diff**2).sum() + pseudo[j]["log_norm"])
+            sigma2 = a0 + (lag_data[:, :order] * a).sum(axis=1)
+            dist = pm.StudentT.dist(nu=nu_m2 + 2, sigma=pt.sqrt(sigma2))
+            parts.append(lp + pm.logp(dist, r_data).sum())
+        log_q = pt.special.log_softmax(log_prior)
+        joint = pt.stack([log_q[j] + parts[j] - pseudos[j] for j in range(len(Q_GRID))])
+        joint = joint + pt.add(*pseudos)
+        total = pt.logsumexp(joint)
+        pm.Potential("marginal", total)
+        pm.Deterministic("log_p_q", joint - total)
     return model
 
 
@@ -396,16 +431,27 @@ def run(label, model, steps, draws, tune, seed, start):
     return idata, seconds
 
 
-def evaluations(idata, n_obs: int, exact_pymc: bool) -> np.ndarray:
+def recover_q(idata, rng: np.random.Generator) -> None:
+    r"""Draw q at every draw of the marginalised run from :math:`P(q \mid z, r)` (in place)."""
+    log_p = idata.posterior["log_p_q"].values
+    u = rng.random(log_p.shape[:-1])[..., None]
+    q = (np.cumsum(np.exp(log_p), axis=-1) < u).sum(axis=-1)
+    idata["posterior/q"] = xr.DataArray(np.minimum(q, len(Q_GRID) - 1), dims=("chain", "draw"))
+
+
+def evaluations(idata, n_obs: int, kind: str) -> np.ndarray:
     """Per-observation likelihood terms evaluated at each draw, shape ``(chains, draws)``.
 
-    Our steps count their own (``n_evals``: the q draw's and the MH decisions',
-    audits excluded). PyMC's steps: one pass over the data per NUTS leapfrog
-    step (the gradient) and two for the q proposal.
+    ``kind="ours"``: our steps count their own (``n_evals``: the q draw's and
+    the MH decisions', audits excluded). ``"pymc"``: one pass over the data per
+    NUTS leapfrog step (the gradient) and two for the q proposal.
+    ``"marginal"``: six passes (one per order) per leapfrog step.
     """
     st = idata.sample_stats
-    if exact_pymc:
+    if kind == "pymc":
         return st["n_steps"].values * n_obs + 2 * n_obs
+    if kind == "marginal":
+        return st["n_steps"].values * n_obs * len(Q_GRID)
     ev = st["n_evals"].values
     return ev.reshape(*ev.shape[:2], -1).sum(axis=-1)
 
@@ -438,10 +484,10 @@ def audits(idata) -> tuple[int, int, int, int]:
     return int((gibbs[done] == 0).sum()), int(done.sum()), wrong, int(st["n_audited"].values.sum())
 
 
-def summarize(idata, seconds: float, n_obs: int, exact_pymc: bool, log_prior_q) -> dict:
+def summarize(idata, seconds: float, n_obs: int, kind: str, log_prior_q) -> dict:
     """Posterior of q, ESS, rates per second and per evaluation, audits of one run."""
     q = idata.posterior["q"].values
-    evals = evaluations(idata, n_obs, exact_pymc)
+    evals = evaluations(idata, n_obs, kind)
     ess = {"q": float(az.ess(q.astype(float)))}
     for name, values in selected_parameters(idata).items():
         ess[name] = float(az.ess(values))
@@ -453,17 +499,17 @@ def summarize(idata, seconds: float, n_obs: int, exact_pymc: bool, log_prior_q) 
         "terms": float(evals.sum()),
         "visits_per_chain": [np.bincount(c, minlength=len(Q_GRID)).tolist() for c in q.astype(int)],
     }
-    if not exact_pymc:
+    if kind == "ours":
         out["audits"] = dict(
             zip(("q_wrong", "q_audited", "mh_wrong", "mh_audited"), audits(idata), strict=True)
         )
     return out
 
 
-def running_log_posterior(idata, n_obs, exact_pymc, log_prior_q) -> tuple[np.ndarray, np.ndarray]:
+def running_log_posterior(idata, n_obs, kind, log_prior_q) -> tuple[np.ndarray, np.ndarray]:
     """Cumulative evaluations and the running estimate of log P(q), chains one after the other."""
     q = idata.posterior["q"].values.astype(int).ravel()
-    evals = np.cumsum(evaluations(idata, n_obs, exact_pymc).ravel())
+    evals = np.cumsum(evaluations(idata, n_obs, kind).ravel())
     counts = np.cumsum(np.eye(len(Q_GRID))[q], axis=0)
     w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
     with np.errstate(divide="ignore"):
@@ -501,10 +547,12 @@ def main():
     print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
 
     runs = {
-        "racing (ours, defaults)": (False, []),
-        "racing, bound='exact'": (False, []),
-        "PyMC: CategoricalGibbsMetropolis + NUTS": (True, []),
+        "racing (ours, defaults)": ("ours", []),
+        "racing, bound='exact'": ("ours", []),
+        "PyMC: CategoricalGibbsMetropolis + NUTS": ("pymc", []),
+        "q marginalised by hand + NUTS": ("marginal", []),
     }
+    marginal = marginal_model(r, lags, log_prior_q, pseudo)
     for rep in range(args.repeats):
         start = starts(pseudo, 2, 100 + rep)  # every chain starts at pilot draws, not a mode
         seed = 3 + rep
@@ -520,6 +568,10 @@ def main():
         runs["PyMC: CategoricalGibbsMetropolis + NUTS"][1].append(
             run("pymc", model, None, draws, tune, seed, start)
         )
+        z_start = [{k: v for k, v in point.items() if k != "q"} for point in start]
+        idata, seconds = run("marginal", marginal, None, draws, tune, seed, z_start)
+        recover_q(idata, np.random.default_rng(seed))
+        runs["q marginalised by hand + NUTS"][1].append((idata, seconds))
     notes = {
         "draws": draws,
         "tune": tune,
@@ -536,7 +588,8 @@ def main():
 def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
     """Write the table (``arch_table.md``), the numbers (``arch_runs.json``) and the figure.
 
-    ``runs`` maps a label to ``(exact_pymc, [(idata, seconds), ...])``, one
+    ``runs`` maps a label to ``(kind, [(idata, seconds), ...])`` (``kind`` as in
+    :func:`evaluations`), one
     pair per repeat of that run.
     """
     params = ("nu", "alpha0", "persistence")
@@ -547,8 +600,8 @@ def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
     )  # fmt: skip
     rows = [head, "|---" * (len(Q_GRID) + 8) + "|"]
     summary = {"notes": notes, "runs": {}}
-    for label, (exact_pymc, repeats) in runs.items():
-        sums = [summarize(i, t, n_obs, exact_pymc, log_prior_q) for i, t in repeats]
+    for label, (kind, repeats) in runs.items():
+        sums = [summarize(i, t, n_obs, kind, log_prior_q) for i, t in repeats]
         summary["runs"][label] = sums
         post = np.mean([x["posterior"] for x in sums], axis=0)
         ess = np.mean([x["ess"]["q"] for x in sums])
@@ -557,7 +610,7 @@ def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
         per_draw = np.mean([x["terms_per_draw"] for x in sums])
         par = np.mean([min(x["ess"][k] for k in params) / x["seconds"] for x in sums])
         errors = ""
-        if not exact_pymc:
+        if kind == "ours":
             a = {k: sum(x["audits"][k] for x in sums) for k in sums[0]["audits"]}
             errors = f"{a['q_wrong']}/{a['q_audited']}, {a['mh_wrong']}/{a['mh_audited']}"
         rows.append(
@@ -603,8 +656,8 @@ def figure(runs: dict, summary: dict, log_prior_q, n_obs: int) -> None:
     pooled = np.mean([x["posterior"] for v in summary["runs"].values() for x in v], axis=0)
     top = np.argsort(pooled)[::-1][:3]
     ax = axes[0, 0]
-    for k, (label, (exact_pymc, repeats)) in enumerate(runs.items()):
-        evals, logp = running_log_posterior(repeats[0][0], n_obs, exact_pymc, log_prior_q)
+    for k, (label, (kind, repeats)) in enumerate(runs.items()):
+        evals, logp = running_log_posterior(repeats[0][0], n_obs, kind, log_prior_q)
         for c, j in enumerate(top):
             ax.plot(evals, logp[:, j], styles[k % 3], color=colours[c], lw=1.2,
                     label=f"q = {Q_GRID[j]}" if k == 0 else None)  # fmt: skip

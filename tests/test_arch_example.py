@@ -140,7 +140,7 @@ def test_selected_parameters_follow_the_selected_order():
 def test_running_log_posterior_ends_at_the_whole_run_estimate():
     idata = _fake_trace(np.random.default_rng(4))
     log_prior = np.log(np.array([0.3, 0.1, 0.2, 0.1, 0.2, 0.1]))
-    evals, logp = arch.running_log_posterior(idata, 1000, False, log_prior)
+    evals, logp = arch.running_log_posterior(idata, 1000, "ours", log_prior)
     assert evals[-1] == idata.sample_stats["n_evals"].values.sum()
     assert np.all(np.diff(evals) > 0)
     final = arch.q_posterior(idata.posterior["q"].values, log_prior)
@@ -149,3 +149,32 @@ def test_running_log_posterior_ends_at_the_whole_run_estimate():
     gibbs = idata.sample_stats["audit_agree"].values[..., 0]
     assert (wrong_q, audited_q) == ((gibbs == 0).sum(), (gibbs >= 0).sum())
     assert audited_mh == 24 and wrong_mh == idata.sample_stats["n_wrong"].values.sum()
+
+
+def test_marginal_model_sums_the_product_space_model_over_q():
+    """The marginalised baseline's density is the product-space density summed over q."""
+    rng = np.random.default_rng(5)
+    r, lags = arch.lagged_squares(rng.standard_t(5, size=arch.Q_MAX + 40))
+    pseudo = []
+    for q in arch.Q_GRID:
+        d = q + 2
+        cov = np.diag(rng.uniform(0.01, 0.05, size=d) ** 2)
+        pseudo.append(
+            {
+                "mean": arch.initial_z(q) + rng.normal(0, 0.01, size=d),
+                "chol_prec": np.linalg.cholesky(np.linalg.inv(cov)),
+                "log_norm": float(-0.5 * np.linalg.slogdet(2 * np.pi * cov)[1]),
+            }
+        )
+    log_prior_q = np.log(rng.dirichlet(np.ones(len(arch.Q_GRID))))
+    product = arch.product_space_model(r, lags, log_prior_q, pseudo)
+    marginal = arch.marginal_model(r, lags, log_prior_q, pseudo)
+    point = {f"z_{q}": p["mean"] + rng.normal(0, 0.02, size=len(p["mean"]))
+             for q, p in zip(arch.Q_GRID, pseudo, strict=True)}  # fmt: skip
+    logp = product.compile_logp()
+    joint = [logp(point | {"q": np.asarray(j)}) for j in range(len(arch.Q_GRID))]
+    expected = np.logaddexp.reduce(joint)
+    np.testing.assert_allclose(marginal.compile_logp()(point), expected, rtol=1e-10)
+    [graph] = marginal.replace_rvs_by_values([marginal["log_p_q"]])
+    got = marginal.compile_fn(graph)(point)
+    np.testing.assert_allclose(got, np.array(joint) - expected, atol=1e-8)
