@@ -383,6 +383,17 @@ def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
+def pilot_shift(shift: np.ndarray) -> np.ndarray:
+    """Keep the pilot's correction of the log prior within ``MAX_PILOT_SHIFT`` nats of its mean.
+
+    Only differences between orders matter (the prior is normalised): a shift
+    common to every order is removed before the clip, so that an even
+    decrease of every order's prior does not use up the bound.
+    """
+    shift = shift - shift.mean()
+    return np.clip(shift, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
+
+
 def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np.ndarray:
     r"""Pilot phase: tune the adjusted prior so that the adjusted posterior of q is near uniform.
 
@@ -414,7 +425,7 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
         visits[j] += 1
         since += bool(visits.all())
         log_prior_q[j] -= min(1.0, len(Q_GRID) / max(since, 1))
-        log_prior_q = initial + np.clip(log_prior_q - initial, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
+        log_prior_q = initial + pilot_shift(log_prior_q - initial)
         shared.set_value(log_prior_q - log_prior_q.max())
     print(f"pilot visits per order: {visits.tolist()}", flush=True)
     return log_prior_q - log_prior_q.max()
