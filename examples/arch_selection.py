@@ -11,32 +11,43 @@ package (no network at run time). Model, for the lag order
 with priors (ours; the paper does not state them) :math:`\alpha_0 \sim
 \mathrm{HalfNormal}(1)`, :math:`\alpha_i \sim \mathrm{HalfNormal}(0.2)`,
 :math:`\nu - 2 \sim \mathrm{Exponential}(0.1)`, a uniform prior
-:math:`\pi_q = 1/6` over :math:`Q`, and every positive parameter sampled as
-:math:`c\,\mathrm{softplus}(z/c)`, :math:`c = 0.01` (linear over the
-coefficients' posterior bulk, so that it is close to Gaussian in :math:`z`).
+:math:`\pi_q = 1/6` over :math:`Q`. Each order's parameters are one flat vector
+:math:`z` (``z_<q>``, with the priors as a ``pm.Potential``) in the scaled softplus
+space :math:`\alpha = c\,\mathrm{softplus}(z/c)`, :math:`c = 0.01` (linear over the
+coefficients' posterior bulk, so that the posterior is close to Gaussian in :math:`z`).
 Model choice runs in the Carlin & Chib (1995) product space: every model's
 parameters are in the state; the unselected ones follow pseudopriors,
 Gaussian in :math:`z` with each model's posterior moments (from a short
-pilot run of that model alone). The
+NUTS run of that model alone, :func:`single_model`). The
 sampler targets an adjusted prior :math:`\tilde\pi_q` chosen in a pilot phase
 so that the adjusted posterior of :math:`q` is near uniform, the hard case for
 a race; :math:`P(q \mid r) \propto \hat p_{\tilde\pi}(q)\, \pi_q / \tilde\pi_q`
 reads the real posterior back.
 
-Runs, in the same process (chains one after the other):
+Runs, in the same process (chains one after the other, every chain started at
+draws of the pseudoprior pilot, not at a mode):
 
 * ``racing``: :class:`~pymc_subsample.SubsampledCategoricalGibbs` for
-  :math:`q` (δ = 0.05, control variates: a first-order expansion of each
-  model's terms in its parameters around its pseudoprior mean), and, for the
-  selected model's parameters, :class:`~pymc_subsample.RacingMetropolis` at
-  its defaults; the unselected models' parameters are drawn from their
-  pseudopriors (no data read).
-* ``racing, bound="exact"``: the same steps deciding every draw on all data.
+  :math:`q` (δ = 0.05; control variates: a second-order expansion of each
+  model's terms in its parameters around the pseudoprior means, off in
+  ``--quick``), and, for the selected model's parameters,
+  :class:`~pymc_subsample.RacingMetropolis` (a random walk preconditioned by the
+  pilot's covariance; the default HMC proposal froze ARCH(30)); the unselected
+  models' parameters are drawn from their pseudopriors (no data read).
+* ``racing, bound="exact"``: the same steps deciding every draw on all data
+  (the same step objects, :func:`set_bound`).
 * ``PyMC``: what ``pm.sample()`` assigns, CategoricalGibbsMetropolis for
   :math:`q` and NUTS for all 117 continuous parameters.
 
+Our steps are built once; the pilot's draws are their first tuning draws
+(the surrogates of :class:`~pymc_subsample.RacingMetropolis` are fitted
+there), then both of our runs use them.
+
 Writes ``docs/examples/arch_table.md``, ``arch_runs.json`` and ``arch_q.png``.
-``--quick`` uses 300 tuning and 300 kept draws per chain.
+``--quick`` runs each sampler once on the last 5,000 returns with 200 tuning
+and 300 kept draws per chain, without the marginalised baseline (``--marginal``
+adds it); the full run all four five times on 13,000 returns with 1,000 and
+1,000 (``--repeats``).
 
 Run: ``python examples/arch_selection.py [--quick]``.
 """
@@ -53,8 +64,7 @@ import matplotlib
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
-from pymc.distributions.transforms import log_exp_m1
-from pymc.logprob.transforms import Transform
+import xarray as xr
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
@@ -64,6 +74,7 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
 Q_GRID = (5, 10, 15, 20, 25, 30)
 Q_MAX = max(Q_GRID)
 N_RETURNS = 13_000
+N_QUICK = 5_000  # --quick: the last 5,000 returns
 A0_SD, A_SD, NU_RATE = 1.0, 0.2, 0.1
 SCALE = 0.01  # of the scaled softplus transform
 MAX_PILOT_SHIFT = 5.0  # nats: the pilot's largest correction of the evidence-based prior
@@ -91,144 +102,134 @@ def lagged_squares(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # -- models --------------------------------------------------------------------------
 
 
-class ScaledSoftplus(Transform):
-    r"""Positive parameters as :math:`\alpha = c\,\mathrm{softplus}(z/c)`, :math:`c` = ``SCALE``.
+def to_z(alpha: np.ndarray) -> np.ndarray:
+    r"""Invert the scaled softplus: :math:`z = \alpha + c \log(1 - e^{-\alpha/c})`."""
+    alpha = np.asarray(alpha, dtype=float)
+    return alpha + SCALE * np.log(-np.expm1(-alpha / SCALE))
 
-    Linear (:math:`\alpha \approx z`) wherever :math:`\alpha \gg c`: over the
-    posterior bulk of these coefficients the log posterior in :math:`z` is then as
-    close to Gaussian as in :math:`\alpha`, which the Laplace pseudopriors and the
-    samplers' Taylor expansions need; a plain softplus or log would stretch the
-    small coefficients' left tails.
+
+def initial_z(order: int) -> np.ndarray:
+    """Return a start for the ARCH(order) parameters: a0 = 0.5, a_i = 0.05, nu - 2 = 10."""
+    return to_z(np.concatenate([[0.5], np.full(order, 0.05), [10.0]]))
+
+
+def arch_parameters(z, order: int) -> tuple:
+    r"""Log prior of the flat ARCH(order) parameters ``z`` and the parameters themselves.
+
+    ``z`` holds :math:`(\alpha_0, \alpha_1, \dots, \alpha_q, \nu - 2)` in the
+    scaled softplus space, :math:`\alpha = c\,\mathrm{softplus}(z/c)` with
+    :math:`c` = ``SCALE``; the log prior is that of :math:`\alpha_0 \sim
+    \mathrm{HalfNormal}(1)`, :math:`\alpha_i \sim \mathrm{HalfNormal}(0.2)`,
+    :math:`\nu - 2 \sim \mathrm{Exponential}(0.1)`, plus the log Jacobian
+    :math:`\sum \log \sigma(z/c)`. Returns ``(log_prior, a0, a, nu_m2)``.
     """
-
-    name = "scaled_softplus"
-    ndim_supp = 0
-
-    def backward(self, value, *inputs):
-        r""":math:`\alpha = c\,\mathrm{softplus}(z/c)`."""
-        return SCALE * pt.softplus(value / SCALE)
-
-    def forward(self, value, *inputs):
-        r""":math:`z = \alpha + c \log(1 - e^{-\alpha/c})`."""
-        return value + SCALE * pt.log1mexp(-value / SCALE)
-
-    def log_jac_det(self, value, *inputs):
-        r""":math:`\log \sigma(z/c)`."""
-        return -pt.softplus(-value / SCALE)
+    alpha = SCALE * pt.softplus(z / SCALE)
+    a0, a, nu_m2 = alpha[0], alpha[1 : order + 1], alpha[order + 1]
+    lp = -0.5 * (a0 / A0_SD) ** 2 - 0.5 * ((a / A_SD) ** 2).sum() - NU_RATE * nu_m2
+    lp += 0.5 * np.log(2 / (np.pi * A0_SD**2)) + 0.5 * order * np.log(2 / (np.pi * A_SD**2))
+    lp += np.log(NU_RATE)
+    return lp - pt.softplus(-z / SCALE).sum(), a0, a, nu_m2
 
 
-SCALED_SOFTPLUS = ScaledSoftplus()
-
-
-def _parameters(q: int, transform=SCALED_SOFTPLUS) -> dict:
-    """Free variables of the ARCH(q) model, sampled in ``transform``'s space."""
-    return {
-        "a0": pm.HalfNormal(f"a0_{q}", A0_SD, default_transform=transform, initval=0.5),
-        "a": pm.HalfNormal(
-            f"a_{q}", A_SD, shape=q, default_transform=transform, initval=np.full(q, 0.05)
-        ),
-        "nu_m2": pm.Exponential(f"nu_m2_{q}", NU_RATE, default_transform=transform),
-    }
-
-
-def single_model(r: np.ndarray, lags: np.ndarray, q: int, transform=SCALED_SOFTPLUS) -> pm.Model:
-    """Build the ARCH(q)-t model alone (for its mode, the pseudoprior)."""
+def single_model(r: np.ndarray, lags: np.ndarray, order: int) -> pm.Model:
+    """Build the ARCH(order)-t model alone, in the same flat parameters (for its pseudoprior)."""
     with pm.Model() as model:
         r_data = pm.Data("r", r)
-        lag_data = pm.Data("lag2", lags[:, :q])
-        p = _parameters(q, transform)
-        sigma2 = p["a0"] + (lag_data * p["a"]).sum(axis=1)
-        pm.StudentT("obs", nu=p["nu_m2"] + 2, sigma=pt.sqrt(sigma2), observed=r_data)
+        lag_data = pm.Data("lag2", lags[:, :order])
+        z = pm.Flat(f"z_{order}", shape=order + 2, initval=initial_z(order))
+        lp, a0, a, nu_m2 = arch_parameters(z, order)
+        pm.Potential(f"prior_{order}", lp)
+        sigma2 = a0 + (lag_data * a).sum(axis=1)
+        pm.StudentT("obs", nu=nu_m2 + 2, sigma=pt.sqrt(sigma2), observed=r_data)
     return model
-
-
-def _log_prior_z(p: dict, z: list) -> pt.TensorVariable:
-    """Log prior of one model's parameters in softplus space (density of z)."""
-    a0, a, nu = p["a0"], p["a"], p["nu_m2"]
-    lp = -0.5 * (a0 / A0_SD) ** 2 - 0.5 * ((a / A_SD) ** 2).sum() - NU_RATE * nu
-    lp += np.log(2 / (np.pi * A0_SD**2)) / 2 + a.shape[0] * np.log(2 / (np.pi * A_SD**2)) / 2
-    lp += np.log(NU_RATE)
-    return lp + sum(SCALED_SOFTPLUS.log_jac_det(zi).sum() for zi in z)
 
 
 def product_space_model(
     r: np.ndarray, lags: np.ndarray, log_prior_q: np.ndarray, pseudo: list[dict]
 ) -> pm.Model:
-    """Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``."""
+    """Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``.
+
+    Order ``Q_GRID[j]`` has the flat parameters ``z_<q>`` and the potential
+    ``prior_<q>``: its prior when ``q == j``, its Gaussian pseudoprior otherwise.
+    """
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags)
         log_prior = pm.Data("log_prior_q", np.asarray(log_prior_q, dtype=float))
         q = pm.Categorical("q", logit_p=log_prior)
-        a0s, rows, nus, switch = [], [], [], []
+        a0s, rows, nus = [], [], []
         for j, order in enumerate(Q_GRID):
-            p = _parameters(order)
-            z = [SCALED_SOFTPLUS.forward(p[k]) for k in ("a0", "a", "nu_m2")]
-            flat = pt.concatenate([z[0][None], z[1], z[2][None]])
-            diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (flat - pseudo[j]["mean"])
+            z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
+            lp, a0, a, nu_m2 = arch_parameters(z, order)
+            diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (z - pseudo[j]["mean"])
             log_pseudo = -0.5 * (diff**2).sum() + pseudo[j]["log_norm"]
-            switch.append(pt.switch(pt.eq(q, j), 0.0, log_pseudo - _log_prior_z(p, z)))
-            a0s.append(p["a0"])
-            rows.append(pt.concatenate([p["a"], pt.zeros(Q_MAX - order)]))
-            nus.append(p["nu_m2"])
-        pm.Potential("pseudoprior", pt.add(*switch))
-        alpha = pt.stack(rows)
-        sigma2 = pt.stack(a0s)[q] + (lag_data * alpha[q]).sum(axis=1)
+            pm.Potential(f"prior_{order}", pt.switch(pt.eq(q, j), lp, log_pseudo))
+            a0s.append(a0)
+            rows.append(pt.concatenate([a, pt.zeros(Q_MAX - order)]))
+            nus.append(nu_m2)
+        sigma2 = pt.stack(a0s)[q] + (lag_data * pt.stack(rows)[q]).sum(axis=1)
         pm.StudentT("obs", nu=pt.stack(nus)[q] + 2, sigma=pt.sqrt(sigma2), observed=r_data)
     return model
 
 
-def value_names(order: int) -> list[str]:
-    """Value-variable names of the ARCH(order) parameters, in the pseudoprior's order."""
-    return [f"{k}_{order}_scaled_softplus__" for k in ("a0", "a", "nu_m2")]
+def marginal_model(
+    r: np.ndarray, lags: np.ndarray, log_prior_q: np.ndarray, pseudo: list[dict]
+) -> pm.Model:
+    r"""Build the product-space model with :math:`q` summed out, for NUTS on every parameter.
 
-
-def _flat_logp(model, order: int):
-    """Log density of the ARCH(order) model at flat z rows (prior, Jacobian, likelihood)."""
-    names = value_names(order)
-    logp = model.compile_logp(jacobian=True)
-
-    def at(rows: np.ndarray) -> np.ndarray:
-        out = np.empty(len(rows))
-        for k, row in enumerate(rows):
-            a0, a, nu = np.split(row, [1, 1 + order])
-            out[k] = logp({names[0]: a0.reshape(()), names[1]: a, names[2]: nu.reshape(())})
-        return out
-
-    return at
+    :math:`\log p(z, r) = \log \sum_j \tilde\pi_j\, p(r \mid z_j)\, p(z_j)
+    \prod_{i \ne j} \tilde p_i(z_i)`, with the same adjusted prior and
+    pseudopriors as :func:`product_space_model`: what pymc-extras'
+    ``marginalize`` builds from it. ``log_p_q`` is :math:`\log P(q \mid z, r)`
+    at each draw, from which q is drawn afterwards (pymc-extras' ``recover``).
+    Every gradient reads the six orders' likelihoods.
+    """
+    with pm.Model() as model:
+        r_data = pm.Data("r", r)
+        lag_data = pm.Data("lag2", lags)
+        log_prior = pm.Data("log_prior_q", np.asarray(log_prior_q, dtype=float))
+        parts, pseudos = [], []
+        for j, order in enumerate(Q_GRID):
+            z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
+            lp, a0, a, nu_m2 = arch_parameters(z, order)
+            diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (z - pseudo[j]["mean"])
+            pseudos.append(-0.5 * (diff**2).sum() + pseudo[j]["log_norm"])
+            sigma2 = a0 + (lag_data[:, :order] * a).sum(axis=1)
+            dist = pm.StudentT.dist(nu=nu_m2 + 2, sigma=pt.sqrt(sigma2))
+            parts.append(lp + pm.logp(dist, r_data).sum())
+        log_q = pt.special.log_softmax(log_prior)
+        joint = pt.stack([log_q[j] + parts[j] - pseudos[j] for j in range(len(Q_GRID))])
+        joint = joint + pt.add(*pseudos)
+        total = pt.logsumexp(joint)
+        pm.Potential("marginal", total)
+        pm.Deterministic("log_p_q", joint - total)
+    return model
 
 
 def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5) -> list[dict]:
     """Gaussian pseudopriors: each model's posterior moments of z, from a short pilot run.
 
-    Each ARCH(q) model alone is sampled from its mode (found in plain softplus
-    space, where the optimiser is well scaled) with PyMC's default sampler; the
-    pseudoprior is the Gaussian with the draws' mean and covariance in the
-    sampling space (:class:`ScaledSoftplus`). Moment matching keeps the
-    Carlin-Chib switch's log weights within a few nats, where a Laplace
-    approximation at the mode is off by tens for the larger orders, whose
-    small coefficients make the posterior skewed. ``log_evidence`` is the
-    importance-sampling estimate of the log marginal likelihood with the
-    pseudoprior as proposal. Returns one dict per order: ``mean``, ``cov``,
-    ``chol_prec``, ``log_norm`` and ``log_evidence``.
+    Each order alone (:func:`single_model`) is sampled with PyMC's default
+    sampler (NUTS) from :func:`initial_z`; its pseudoprior is the Gaussian
+    with its draws' mean and covariance. Moment matching keeps the Carlin-Chib
+    switch's log weights within a few nats, where a Laplace approximation at
+    the mode is off by tens for the larger orders, whose small coefficients
+    make the posterior skewed. ``log_evidence`` is the importance-sampling
+    estimate of the log marginal likelihood with the pseudoprior as proposal.
+    Returns one dict per order: ``order``, ``mean``, ``cov``, ``chol_prec``,
+    ``log_norm``, ``log_evidence`` and ``draws`` (the pilot's draws, which
+    start the chains).
     """
     rng = np.random.default_rng(seed)
     out = []
     for order in Q_GRID:
-        plain = single_model(r, lags, order, log_exp_m1)
-        with plain:
-            mode = pm.find_MAP(progressbar=False, maxiter=20_000)
         model = single_model(r, lags, order)
-        names = value_names(order)
-        start = {n.removesuffix("_scaled_softplus__"): mode[n.removesuffix("_scaled_softplus__")]
-                 for n in names}  # fmt: skip
         with model:
             idata = pm.sample(
-                draws, tune=draws, chains=1, initvals=start, init="adapt_diag", random_seed=seed,
+                draws, tune=draws, chains=1, init="adapt_diag", random_seed=seed,
                 progressbar=False, compute_convergence_checks=False,
-                idata_kwargs={"include_transformed": True},
             )  # fmt: skip
-        z = np.concatenate([idata.posterior[n].values.reshape(draws, -1) for n in names], axis=1)
+        z = idata.posterior[f"z_{order}"].values.reshape(draws, -1)
         mean, cov = z.mean(axis=0), np.cov(z.T)
         chol_cov = np.linalg.cholesky(cov)
         chol_prec = np.linalg.cholesky(np.linalg.inv(cov))
@@ -236,7 +237,9 @@ def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5)
         log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * d * np.log(2 * np.pi)
         proposals = mean + rng.standard_normal((draws, d)) @ chol_cov.T
         dev = (proposals - mean) @ chol_prec
-        log_w = _flat_logp(model, order)(proposals) - (log_norm - 0.5 * (dev**2).sum(axis=1))
+        logp = model.compile_logp()
+        log_lik = np.array([logp({f"z_{order}": row}) for row in proposals])
+        log_w = log_lik - (log_norm - 0.5 * (dev**2).sum(axis=1))
         log_evidence = np.logaddexp.reduce(log_w) - np.log(draws)
         out.append(
             {
@@ -246,6 +249,7 @@ def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5)
                 "chol_prec": chol_prec,
                 "log_norm": float(log_norm),
                 "log_evidence": float(log_evidence),
+                "draws": z,
             }
         )
     return out
@@ -268,20 +272,18 @@ class SelectedModelParameters(BlockedStep):
     def __init__(self, model, pseudo, make_step, rng=None):
         self.model = model
         self.pseudo = pseudo
-        self.names = [value_names(p["order"]) for p in pseudo]
-        by_name = {v.name: v for v in model.value_vars}
-        self.vars = [by_name[n] for names in self.names for n in names]
+        self.names = [f"z_{p['order']}" for p in pseudo]
+        self.vars = [model.rvs_to_values[model[n]] for n in self.names]
         start = model.initial_point()
         self.steps = []
-        for j in range(len(pseudo)):
+        for j, var in enumerate(self.vars):
             point = dict(start, q=np.asarray(j, dtype=start["q"].dtype))
-            self.steps.append(make_step([by_name[n] for n in self.names[j]], point))
+            self.steps.append(make_step([var], point))
         self.stats_dtypes_shapes = {"model": (np.int64, [])} | dict(
             self.steps[0].stats_dtypes_shapes
         )
         self.stats_dtypes = [{k: v[0] for k, v in self.stats_dtypes_shapes.items()}]
         self.rng = np.random.default_rng(rng)
-        self._shapes = {n: np.shape(start[n]) for names in self.names for n in names}
         super().__init__()
 
     def __new__(cls, *args, **kwargs):
@@ -309,14 +311,9 @@ class SelectedModelParameters(BlockedStep):
         point = dict(point)
         j = int(point["q"])
         for i, p in enumerate(self.pseudo):
-            if i == j:
-                continue
-            z = p["mean"] + np.linalg.solve(p["chol_prec"].T, self.rng.normal(size=len(p["mean"])))
-            start = 0
-            for n in self.names[i]:
-                size = int(np.prod(self._shapes[n]))
-                point[n] = z[start : start + size].reshape(self._shapes[n])
-                start += size
+            if i != j:
+                noise = self.rng.normal(size=len(p["mean"]))
+                point[self.names[i]] = p["mean"] + np.linalg.solve(p["chol_prec"].T, noise)
         point, [stats] = self.steps[j].step(point)
         return point, [{"model": j} | stats]
 
@@ -326,24 +323,57 @@ class SelectedModelParameters(BlockedStep):
 
 def reference_point(pseudo: list[dict]) -> dict:
     """Pseudoprior means as a point (the control variates' reference)."""
-    ref = {}
-    for p in pseudo:
-        a0, a, nu = np.split(p["mean"], [1, 1 + p["order"]])
-        for n, v in zip(value_names(p["order"]), (a0.reshape(()), a, nu.reshape(())), strict=True):
-            ref[n] = v
-    return ref
+    return {f"z_{p['order']}": p["mean"] for p in pseudo}
 
 
-def racing_steps(model, pseudo, bound: str = "normal"):
-    """Our steps: racing Gibbs for q, racing MH for the selected model, pseudopriors elsewhere."""
+def starts(pseudo: list[dict], chains: int, seed: int) -> list[dict]:
+    """One start per chain: for every order, a draw of its pilot run (not its mode or mean)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(chains):
+        point = {f"z_{p['order']}": p["draws"][rng.integers(len(p["draws"]))] for p in pseudo}
+        out.append(point | {"q": int(rng.integers(len(Q_GRID)))})
+    return out
+
+
+def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: int = 10):
+    """Our steps: racing Gibbs for q, racing MH for the selected model, pseudopriors elsewhere.
+
+    Every setting is the steps' default except ``audit_every`` (audits of a
+    tenth of the draws), the q race's control variates, expanded around the
+    pseudoprior means (``control_variates=False``: the default, none), and the
+    MH proposal: a random walk preconditioned by each order's pilot covariance
+    (``proposal="normal"``, ``covariance=``). The default proposal, HMC on the
+    quadratic surrogate, is accepted under 5% of the time on ARCH(30), whose
+    coefficients at their boundary make the Laplace approximation misfit, and
+    its random-walk fallback, preconditioned by the Laplace covariance, about 1%.
+    """
     gibbs = SubsampledCategoricalGibbs(
-        [model["q"]], bound=bound, control_variates=reference_point(pseudo), audit_every=10
+        [model["q"]],
+        control_variates=reference_point(pseudo) if control_variates else False,
+        audit_every=audit_every,
     )
 
     def make(vars, point):
-        return RacingMetropolis(vars, bound=bound, initial_point=point, audit_every=10)
+        cov = pseudo[int(point["q"])]["cov"]
+        return RacingMetropolis(
+            vars, proposal="normal", covariance=cov, initial_point=point, audit_every=audit_every
+        )
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]
+
+
+def set_bound(steps, bound: str) -> None:
+    """Switch our steps between racing (``"normal"``) and exact decisions (``"exact"``).
+
+    A step built with ``bound="exact"`` differs from its racing twin only in
+    this attribute (it decides every draw on all the data and never reads its
+    race settings), so the exact run reuses the racing steps' compiled
+    functions and fitted surrogates instead of compiling its own.
+    """
+    for s in steps:
+        for sub in getattr(s, "steps", [s]):
+            sub.bound = bound
 
 
 def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:
@@ -353,7 +383,18 @@ def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:
     return w / w.sum()
 
 
-def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> np.ndarray:
+def pilot_shift(shift: np.ndarray) -> np.ndarray:
+    """Keep the pilot's correction of the log prior within ``MAX_PILOT_SHIFT`` nats of its mean.
+
+    Only differences between orders matter (the prior is normalised): a shift
+    common to every order is removed before the clip, so that an even
+    decrease of every order's prior does not use up the bound.
+    """
+    shift = shift - shift.mean()
+    return np.clip(shift, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
+
+
+def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np.ndarray:
     r"""Pilot phase: tune the adjusted prior so that the adjusted posterior of q is near uniform.
 
     Wang & Landau (2001)'s flat-histogram update, as adaptive MCMC: after each
@@ -363,7 +404,8 @@ def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> n
     minus the importance-sampling log evidences, the adjusted prior that makes
     the adjusted posterior uniform up to their error; a pilot stuck in one order
     would push it far off, so the pilot's correction is kept within
-    ``MAX_PILOT_SHIFT`` nats.
+    ``MAX_PILOT_SHIFT`` nats. The pilot's draws are tuning draws of ``steps``
+    (their surrogates are fitted here and kept).
     """
     rng = np.random.default_rng(seed)
     for s in steps:
@@ -371,7 +413,9 @@ def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> n
     shared = model["log_prior_q"]
     log_prior_q = np.array(log_prior_q, dtype=float)
     initial = log_prior_q.copy()
-    point = model.initial_point() | reference_point(pseudo)
+    point = model.initial_point() | {
+        k: np.asarray(v, dtype=model.initial_point()[k].dtype) for k, v in start.items()
+    }
     visits = np.zeros(len(Q_GRID), dtype=int)
     since = 0  # draws since every order was visited
     for _ in range(draws):
@@ -381,7 +425,7 @@ def adjust_priors(model, steps, pseudo, log_prior_q, draws: int, seed: int) -> n
         visits[j] += 1
         since += bool(visits.all())
         log_prior_q[j] -= min(1.0, len(Q_GRID) / max(since, 1))
-        log_prior_q = initial + np.clip(log_prior_q - initial, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
+        log_prior_q = initial + pilot_shift(log_prior_q - initial)
         shared.set_value(log_prior_q - log_prior_q.max())
     print(f"pilot visits per order: {visits.tolist()}", flush=True)
     return log_prior_q - log_prior_q.max()
@@ -392,7 +436,7 @@ def run(label, model, steps, draws, tune, seed, start):
     t0 = time.perf_counter()
     with model:
         idata = pm.sample(
-            draws=draws, tune=tune, chains=2, cores=1, step=steps, random_seed=seed,
+            draws=draws, tune=tune, chains=len(start), cores=1, step=steps, random_seed=seed,
             initvals=start, init="adapt_diag", progressbar=False,
             compute_convergence_checks=False,
         )  # fmt: skip
@@ -401,125 +445,294 @@ def run(label, model, steps, draws, tune, seed, start):
     return idata, seconds
 
 
-def evaluations(idata, n_obs: int, exact_pymc: bool) -> float:
-    """Per-observation likelihood terms evaluated per draw (both steps together)."""
+def recover_q(idata, rng: np.random.Generator) -> None:
+    r"""Draw q at every draw of the marginalised run from :math:`P(q \mid z, r)` (in place)."""
+    log_p = idata.posterior["log_p_q"].values
+    u = rng.random(log_p.shape[:-1])[..., None]
+    q = (np.cumsum(np.exp(log_p), axis=-1) < u).sum(axis=-1)
+    idata["posterior/q"] = xr.DataArray(np.minimum(q, len(Q_GRID) - 1), dims=("chain", "draw"))
+
+
+def evaluations(idata, n_obs: int, kind: str) -> np.ndarray:
+    """Per-observation likelihood terms evaluated at each draw, shape ``(chains, draws)``.
+
+    ``kind="ours"`` or ``"exact"`` (our steps racing, or deciding exactly):
+    they count their own (``n_evals``: the q draw's and the MH decisions',
+    audits excluded). ``"pymc"``: one pass over the data per
+    NUTS leapfrog step (the gradient) and two for the q proposal.
+    ``"marginal"``: six passes (one per order) per leapfrog step.
+    """
     st = idata.sample_stats
-    if exact_pymc:  # NUTS: one gradient per leapfrog step; Gibbs: one pass per proposal
-        return float(st["n_steps"].mean()) * n_obs + 2 * n_obs
-    return float(st["n_evals"].values.reshape(-1, 2).sum(axis=1).mean())
+    if kind == "pymc":
+        return st["n_steps"].values * n_obs + 2 * n_obs
+    if kind == "marginal":
+        return st["n_steps"].values * n_obs * len(Q_GRID)
+    ev = st["n_evals"].values
+    return ev.reshape(*ev.shape[:2], -1).sum(axis=-1)
+
+
+def selected_parameters(idata) -> dict[str, np.ndarray]:
+    r"""Return the selected order's :math:`\nu`, :math:`\alpha_0`, :math:`\sum_i \alpha_i` per draw.
+
+    Functions of the whole state (model-averaged parameters), so their ESS is
+    that of a chain; the unselected orders' pseudoprior draws do not enter.
+    """
+    q = idata.posterior["q"].values.astype(int)
+    out = {"nu": np.empty(q.shape), "alpha0": np.empty(q.shape), "persistence": np.empty(q.shape)}
+    for j, order in enumerate(Q_GRID):
+        z = idata.posterior[f"z_{order}"].values
+        alpha = SCALE * np.logaddexp(0.0, z / SCALE)
+        at = q == j
+        out["nu"][at] = alpha[..., -1][at] + 2
+        out["alpha0"][at] = alpha[..., 0][at]
+        out["persistence"][at] = alpha[..., 1:-1].sum(axis=-1)[at]
+    return out
+
+
+def audits(idata) -> tuple[int, int, int, int]:
+    """Audited decisions that differed from exact ones: ``(q wrong, q audited, MH wrong, MH)``."""
+    st = idata.sample_stats
+    agree = st["audit_agree"].values
+    gibbs = agree.reshape(*agree.shape[:2], -1)[..., 0]
+    done = gibbs >= 0
+    wrong = int(st["n_wrong"].values.sum())
+    return int((gibbs[done] == 0).sum()), int(done.sum()), wrong, int(st["n_audited"].values.sum())
+
+
+def _ess(values: np.ndarray) -> float:
+    """Bulk ESS of a ``(chains, draws)`` array; 0 for a chain that never moved."""
+    values = np.asarray(values, dtype=float)
+    if np.ptp(values) == 0:
+        return 0.0
+    return float(az.ess(values))
+
+
+def summarize(idata, seconds: float, n_obs: int, kind: str, log_prior_q) -> dict:
+    """Posterior of q, ESS, rates per second and per evaluation, audits of one run."""
+    q = idata.posterior["q"].values
+    evals = evaluations(idata, n_obs, kind)
+    ess = {"q": _ess(q)}
+    for name, values in selected_parameters(idata).items():
+        ess[name] = _ess(values)
+    out = {
+        "posterior": q_posterior(q, log_prior_q).tolist(),
+        "ess": ess,
+        "seconds": seconds,
+        "terms_per_draw": float(evals.mean()),
+        "terms": float(evals.sum()),
+        "visits_per_chain": [np.bincount(c, minlength=len(Q_GRID)).tolist() for c in q.astype(int)],
+    }
+    if kind == "ours":
+        out["audits"] = dict(
+            zip(("q_wrong", "q_audited", "mh_wrong", "mh_audited"), audits(idata), strict=True)
+        )
+    return out
+
+
+def running_log_posterior(idata, n_obs, kind, log_prior_q) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative evaluations and the running estimate of log P(q), chains one after the other."""
+    q = idata.posterior["q"].values.astype(int).ravel()
+    evals = np.cumsum(evaluations(idata, n_obs, kind).ravel())
+    counts = np.cumsum(np.eye(len(Q_GRID))[q], axis=0)
+    w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
+    with np.errstate(divide="ignore"):
+        return evals, np.log(w / w.sum(axis=1, keepdims=True))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws")
+    parser.add_argument("--repeats", type=int, help="runs of each sampler (quick: 1, else 5)")
+    parser.add_argument(
+        "--marginal", action="store_true", help="with --quick, also run the marginalised baseline"
+    )
     args = parser.parse_args()
-    draws, tune, pilot = (300, 300, 300) if args.quick else (1000, 1000, 1000)
-    r, lags = lagged_squares(sp500_returns())
+    draws, tune, pilot, pilot_nuts = (300, 200, 200, 400) if args.quick else (1000, 1000, 1000, 500)
+    clock = time.perf_counter()
+    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.marginal = args.marginal or not args.quick
+    r, lags = lagged_squares(sp500_returns(N_QUICK if args.quick else N_RETURNS))
     n_obs = len(r)
     print(f"ARCH order selection on {n_obs} S&P 500 daily returns, q in {Q_GRID}", flush=True)
     t0 = time.perf_counter()
-    pseudo = fit_pseudopriors(r, lags, draws=200 if args.quick else 500)
+    pseudo = fit_pseudopriors(r, lags, draws=pilot_nuts)
     evidence = np.array([p["log_evidence"] for p in pseudo])
     log_prior_q = -(evidence - evidence.max())
     model = product_space_model(r, lags, log_prior_q, pseudo)
     print(f"pseudopriors in {time.perf_counter() - t0:.0f} s", flush=True)
+    t0 = time.perf_counter()
     with model:
-        pilot_steps = racing_steps(model, pseudo)
-    log_prior_q = adjust_priors(model, pilot_steps, pseudo, log_prior_q, pilot, seed=11)
+        steps = racing_steps(model, pseudo, control_variates=not args.quick)
+    build = time.perf_counter() - t0
+    print(f"our steps built in {build:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
+    pilot_seconds = time.perf_counter() - t0
+    print(f"pilot in {pilot_seconds:.0f} s", flush=True)
     print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
 
-    # every chain starts at each model's mode (the pseudoprior means, found above)
-    start = {
-        n.removesuffix("_scaled_softplus__"): SCALE * np.logaddexp(0.0, v / SCALE)
-        for n, v in reference_point(pseudo).items()
+    runs = {
+        "racing (ours)": ("ours", []),
+        "racing, bound='exact'": ("exact", []),
+        "PyMC: CategoricalGibbsMetropolis + NUTS": ("pymc", []),
     }
-    runs = {}
-    with model:
-        t0 = time.perf_counter()
-        steps = racing_steps(model, pseudo)  # fresh, as for the exact run
-        build = time.perf_counter() - t0
-        runs["racing (ours, defaults)"] = (
-            *run("racing", model, steps, draws, tune, 3, start),
-            False,
+    if args.marginal:
+        runs["q marginalised by hand + NUTS"] = ("marginal", [])
+        marginal = marginal_model(r, lags, log_prior_q, pseudo)
+    for rep in range(args.repeats):
+        start = starts(pseudo, 2, 100 + rep)  # every chain starts at pilot draws, not a mode
+        seed = 3 + rep
+        set_bound(steps, "normal")
+        runs["racing (ours)"][1].append(run("racing", model, steps, draws, tune, seed, start))
+        set_bound(steps, "exact")
+        runs["racing, bound='exact'"][1].append(
+            run("exact", model, steps, draws, tune, seed, start)
         )
-        runs["racing, bound='exact'"] = (
-            *run(
-                "exact racing", model, racing_steps(model, pseudo, "exact"), draws, tune, 3, start
-            ),
-            False,
+        set_bound(steps, "normal")
+        runs["PyMC: CategoricalGibbsMetropolis + NUTS"][1].append(
+            run("pymc", model, None, draws, tune, seed, start)
         )
-        runs["PyMC: CategoricalGibbsMetropolis + NUTS"] = (
-            *run("pymc", model, None, draws, tune, 3, start),
-            True,
-        )
-    report(runs, log_prior_q, n_obs, build, args)
+        if args.marginal:
+            z_start = [{k: v for k, v in point.items() if k != "q"} for point in start]
+            idata, seconds = run("marginal", marginal, None, draws, tune, seed, z_start)
+            recover_q(idata, np.random.default_rng(seed))
+            runs["q marginalised by hand + NUTS"][1].append((idata, seconds))
+    notes = {
+        "draws": draws,
+        "tune": tune,
+        "build_seconds": build,
+        "pilot_seconds": pilot_seconds,
+        "q_control_variates": not args.quick,
+        "log_prior_q": log_prior_q.tolist(),
+        "log_evidence": evidence.tolist(),
+    }
+    report(runs, log_prior_q, n_obs, notes)
+    print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
 
 
-def report(runs, log_prior_q, n_obs, build, args) -> None:
-    """Write the table and the figures."""
-    rows = [
+def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
+    """Write the table (``arch_table.md``), the numbers (``arch_runs.json``) and the figure.
+
+    ``runs`` maps a label to ``(kind, [(idata, seconds), ...])`` (``kind`` as in
+    :func:`evaluations`), one
+    pair per repeat of that run.
+    """
+    params = ("nu", "alpha0", "persistence")
+    head = (
         "| run | " + " | ".join(f"P(q={q})" for q in Q_GRID)
-        + " | ESS(q) | seconds | ESS(q)/s | terms/draw | audited errors |",
-        "|---" * (len(Q_GRID) + 6) + "|",
-    ]  # fmt: skip
-    summary = {}
-    for label, (idata, seconds, exact_pymc) in runs.items():
-        q = idata.posterior["q"]
-        post = q_posterior(q.values, log_prior_q)
-        ess = float(az.ess(idata, var_names=["q"])["q"])
-        terms = evaluations(idata, n_obs, exact_pymc)
+        + " | ESS(q) | seconds | ESS(q)/s | ESS(q) per 10⁶ terms | terms/draw"
+        + " | min ESS/s (ν, α₀, Σα) | audited errors: q, MH |"
+    )  # fmt: skip
+    rows = [head, "|---" * (len(Q_GRID) + 8) + "|"]
+    summary = {"notes": notes, "runs": {}}
+    for label, (kind, repeats) in runs.items():
+        sums = [summarize(i, t, n_obs, kind, log_prior_q) for i, t in repeats]
+        summary["runs"][label] = sums
+        post = np.mean([x["posterior"] for x in sums], axis=0)
+        ess = np.mean([x["ess"]["q"] for x in sums])
+        sec = np.mean([x["seconds"] for x in sums])
+        terms = np.mean([x["terms"] for x in sums])
+        per_draw = np.mean([x["terms_per_draw"] for x in sums])
+        par = np.mean([min(x["ess"][k] for k in params) / x["seconds"] for x in sums])
         errors = ""
-        if not exact_pymc:
-            st = idata.sample_stats
-            audits = st["audit_agree"].values.reshape(-1, 2)[:, 0]
-            done = audits >= 0
-            wrong = st["n_wrong"].values.sum()
-            errors = f"{int((audits[done] == 0).sum())}/{int(done.sum())} (q), "
-            errors += f"{int(wrong)}/{int(st['n_audited'].values.sum())} (MH)"
+        if kind == "ours":
+            a = {k: sum(x["audits"][k] for x in sums) for k in sums[0]["audits"]}
+            errors = f"{a['q_wrong']}/{a['q_audited']}, {a['mh_wrong']}/{a['mh_audited']}"
         rows.append(
             f"| {label} | " + " | ".join(f"{p:.3f}" for p in post)
-            + f" | {ess:.0f} | {seconds:.0f} | {ess / seconds:.2f} | {terms:,.0f} | {errors} |"
+            + f" | {ess:.0f} | {sec:.0f} | {ess / sec:.2f} | {1e6 * ess / terms:.2f}"
+            + f" | {per_draw:,.0f} | {par:.2f} | {errors} |"
         )  # fmt: skip
-        visits = [np.bincount(c, minlength=len(Q_GRID)).tolist() for c in q.values.astype(int)]
-        summary[label] = {
-            "posterior": post.tolist(),
-            "ess": ess,
-            "seconds": seconds,
-            "visits_per_chain": visits,  # draws of each order, adjusted prior
-        }
     table = "\n".join(rows)
     print(table)
     OUT.mkdir(parents=True, exist_ok=True)
+    reps = len(next(iter(runs.values()))[1])
     note = (
-        f"N = {n_obs} returns; 2 chains of {'300' if args.quick else '1000'} draws after as many "
-        f"tuning draws, one after the other; our steps' construction (compilation and timing) "
-        f"took {build:.0f} s, not counted. P(q) is the posterior under the uniform prior, "
-        "read back from the adjusted-prior run."
+        f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
+        f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
+        f"on one core. P(q) is the posterior under the uniform prior, read back from the "
+        f"adjusted-prior run. Seconds are sampling only: building our steps (compilation and "
+        f"timing) took {notes['build_seconds']:.0f} s, the pilot {notes['pilot_seconds']:.0f} s, "
+        f"both shared by our two runs; control variates on the q race: "
+        f"{'on' if notes['q_control_variates'] else 'off'}. ν, α₀ and Σα are those of the "
+        "selected order at each draw."
     )
     (OUT / "arch_table.md").write_text(table + "\n\n" + note + "\n")
     (OUT / "arch_runs.json").write_text(json.dumps(summary, indent=1))
+    figure(runs, summary, log_prior_q, n_obs)
 
+
+def autocorrelation(x: np.ndarray, lags: int) -> np.ndarray:
+    """Sample autocorrelation of ``x`` at lags ``0, ..., lags - 1``."""
+    x = np.asarray(x, dtype=float) - np.mean(x)
+    var = x @ x
+    if var == 0:
+        return np.r_[1.0, np.ones(lags - 1)]
+    return np.array([x[: len(x) - h] @ x[h:] / var for h in range(lags)])
+
+
+def figure(runs: dict, summary: dict, log_prior_q, n_obs: int) -> None:
+    """Write ``arch_q.png``: log P(q) against evaluations, P(q) per run, ACF of q, ESS/s."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    pooled = np.mean([x["posterior"] for v in summary["runs"].values() for x in v], axis=0)
+    top = np.argsort(pooled)[::-1][:3]
+    ax = axes[0, 0]
+    for k, (label, (kind, repeats)) in enumerate(runs.items()):
+        evals, logp = running_log_posterior(repeats[0][0], n_obs, kind, log_prior_q)
+        for c, j in enumerate(top):
+            ax.plot(evals, logp[:, j], styles[k % 4], color=colours[c], lw=1.2,
+                    label=f"q = {Q_GRID[j]}" if k == 0 else None)  # fmt: skip
+        ax.plot([], [], styles[k % 4], color="k", label=label)
+    ax.set_xscale("log")
+    ax.set_ylim(-6, 0.1)
+    ax.set_xlabel("likelihood terms evaluated (kept draws)")
+    ax.set_ylabel("running estimate of log P(q | r)")
+    ax.legend(fontsize=6.5, ncol=2)
+    ax = axes[0, 1]
     width = 0.8 / len(runs)
-    for k, (label, (idata, _, _)) in enumerate(runs.items()):
-        post = q_posterior(idata.posterior["q"].values, log_prior_q)
-        axes[0].bar(np.arange(len(Q_GRID)) + (k - 1) * width, post, width, label=label)
-        q = idata.posterior["q"].values[0].astype(float)
-        acf = [1.0] + [np.corrcoef(q[:-h], q[h:])[0, 1] for h in range(1, 40)]
-        axes[1].plot(acf, label=label)
-    axes[0].set_xticks(np.arange(len(Q_GRID)), [str(q) for q in Q_GRID])
-    axes[0].set_xlabel("ARCH order q")
-    axes[0].set_ylabel("posterior probability")
-    axes[0].legend(fontsize=7)
-    axes[1].set_xlabel("lag (draws)")
-    axes[1].set_ylabel("autocorrelation of q (adjusted prior)")
-    fig.suptitle(f"S&P 500 daily returns, last {n_obs} days to 2018")
+    for k, (label, sums) in enumerate(summary["runs"].items()):
+        posts = np.array([x["posterior"] for x in sums])
+        x = np.arange(len(Q_GRID)) + (k - (len(runs) - 1) / 2) * width
+        ax.bar(x, posts.mean(axis=0), width, color=colours[k], alpha=0.6, label=label)
+        for p in posts:
+            ax.plot(x, p, ".", color=colours[k], ms=4)
+    ax.set_xticks(np.arange(len(Q_GRID)), [str(q) for q in Q_GRID])
+    ax.set_xlabel("ARCH order q")
+    ax.set_ylabel("P(q | r)")
+    ax.set_title(f"{len(sums)} run(s) per sampler: bars the mean, dots each run", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[1, 0]
+    for k, (label, (_, repeats)) in enumerate(runs.items()):
+        q = repeats[0][0].posterior["q"].values.astype(float)
+        acf = np.mean([autocorrelation(c, 40) for c in q], axis=0)
+        ess = summary["runs"][label][0]["ess"]["q"]
+        ax.plot(acf, color=colours[k], label=f"{label} (ESS {ess:.0f} of {q.size})")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("lag (draws)")
+    ax.set_ylabel("autocorrelation of q (adjusted prior)")
+    ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    names = ("q", "nu", "alpha0", "persistence")
+    for k, (label, sums) in enumerate(summary["runs"].items()):
+        rate = [np.mean([x["ess"][n] / x["seconds"] for x in sums]) for n in names]
+        ax.bar(np.arange(len(names)) + (k - (len(runs) - 1) / 2) * width, rate, width,
+               color=colours[k], label=label)  # fmt: skip
+    ax.set_xticks(np.arange(len(names)), ["q", "ν", "α₀", "Σα"])
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high * 30)  # room for the legend above the bars
+    ax.set_ylabel("ESS per second of sampling")
+    ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018")
     fig.tight_layout()
-    fig.savefig(OUT / "arch_q.png", dpi=120)
+    fig.savefig(OUT / "arch_q.png", dpi=110)
+    plt.close(fig)
     print(f"wrote {OUT / 'arch_table.md'} and {OUT / 'arch_q.png'}")
 
 

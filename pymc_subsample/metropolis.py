@@ -90,6 +90,14 @@ class RacingMetropolis(RacingStep):
         :math:`2.38/\sqrt d` in units of :math:`M^{-1/2}`; a number is an
         absolute isotropic scale, as ``pm.Metropolis``'s. ``"langevin"``:
         :math:`\epsilon` (default 1). Tuned during tuning.
+    covariance : numpy.ndarray, optional
+        An estimate of the block's posterior covariance in the flat value
+        space (variables in block order, raveled), e.g. from a pilot run.
+        When given, it replaces the Laplace covariance :math:`M^{-1}` as the
+        random walk's preconditioner and the HMC mass matrix's inverse; the
+        surrogate is still fitted at the mode for the control variates. Use it
+        where the Laplace approximation misfits (many coefficients at a
+        support boundary).
     path_length : float
         ``"hmc"``: initial integration time (adapted during tuning, at most
         this value); the number of leapfrog steps is
@@ -166,6 +174,7 @@ class RacingMetropolis(RacingStep):
         batch_size: int = 50,
         proposal: str | None = None,
         scaling: float | None = None,
+        covariance: np.ndarray | None = None,
         path_length: float = 1.5,
         tune_interval: int = 100,
         data=None,
@@ -226,6 +235,19 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         self.dim = sum(self._sizes)
+        self.covariance = None
+        if covariance is not None:
+            cov = np.array(covariance, dtype=np.float64)
+            if cov.shape != (self.dim, self.dim) or not np.allclose(cov, cov.T):
+                raise ValueError(
+                    f"covariance must be a symmetric ({self.dim}, {self.dim}) matrix, "
+                    f"got shape {cov.shape}"
+                )
+            try:
+                np.linalg.cholesky(cov)
+            except np.linalg.LinAlgError as err:
+                raise ValueError("covariance must be positive definite") from err
+            self.covariance = 0.5 * (cov + cov.T)
         n_obs = self.terms.n_obs
         self._plan_races(exact_fraction, 2)
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
@@ -484,10 +506,15 @@ class RacingMetropolis(RacingStep):
     def _set_surrogate(
         self, sur: QuadraticSurrogate | TaylorSurrogate, neg_hessian: np.ndarray
     ) -> None:
-        """Keep the surrogate and the mass matrix :math:`M` (the negative Hessian) with factors."""
+        """Keep the surrogate and the mass matrix :math:`M`, with its factors.
+
+        :math:`M` is the negative Hessian, or the inverse of ``covariance`` when given.
+        """
         self.surrogate = sur
         if isinstance(sur, QuadraticSurrogate):
             self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
+        if self.covariance is not None:  # the user's estimate of the posterior covariance
+            neg_hessian = np.linalg.inv(self.covariance)
         self._inv_mass = np.linalg.inv(neg_hessian)
         self._chol_mass = np.linalg.cholesky(neg_hessian)
         self._chol_cov = np.linalg.cholesky(self._inv_mass)

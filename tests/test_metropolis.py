@@ -425,3 +425,26 @@ def test_hmc_that_is_never_accepted_falls_back_to_a_random_walk(logistic):
         moved += not np.array_equal(new["b"], point["b"])
         point = new
     assert moved > 5
+
+
+def test_a_given_covariance_preconditions_the_random_walk_and_draws_match(wide_regression):
+    """covariance= replaces the Laplace covariance; the chain still targets the posterior."""
+    model, mean, cov = wide_regression
+    given = cov * np.diag([1.5] * 7 + [0.7] * 7)  # an estimate, not the exact covariance
+    given = 0.5 * (given + given.T) + 1e-3 * np.diag(np.diag(cov))
+    with model:
+        step = RacingMetropolis([model["b"]], proposal="normal", covariance=given)
+        idata = pm.sample(
+            4000, tune=1000, chains=2, cores=1, step=step, random_seed=5,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    np.testing.assert_allclose(step._chol_cov @ step._chol_cov.T, 0.5 * (given + given.T))
+    draws = idata.posterior["b"].values.reshape(-1, len(mean))
+    ess = az.ess(idata, var_names=["b"])["b"].values
+    assert ess.min() > 50
+    z = (draws.mean(axis=0) - mean) / np.sqrt(np.diag(cov) / ess)
+    assert np.abs(z).max() < 4, z
+    sd_ratio = draws.std(axis=0) / np.sqrt(np.diag(cov))
+    assert np.all(np.abs(sd_ratio - 1) < 0.25), sd_ratio
+    with pytest.raises(ValueError, match="covariance must be"):
+        RacingMetropolis([model["b"]], covariance=np.eye(3), model=model)
