@@ -135,6 +135,14 @@ def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
     ]
 
 
+def look_header(batches) -> list[str]:
+    """Header lines of a per-look table."""
+    return [
+        "| D | variance | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|---|" + "---|" * len(batches),
+    ]
+
+
 def look_rows(per_look_fn, batches) -> list[str]:
     """Table rows of ``per_look_fn(D, variance, batch)`` microseconds, printed as they come."""
     rows = []
@@ -156,8 +164,7 @@ def main():
         "Regenerate with `python benchmarks/racing_overhead.py`. Microseconds per look, "
         "rewards excluded, all D arms alive (best of 3 repetitions).",
         "",
-        "| D | variance | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "|---|---|" + "---|" * len(batches),
+        *look_header(batches),
     ]
     lines += look_rows(per_look, batches)
     lines += [
@@ -166,8 +173,7 @@ def main():
         "lone scalar at large N): microseconds per look, the reward function a compiled one "
         "that allocates zeros, 40 looks then the exact pass.",
         "",
-        "| D | variance | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "|---|---|" + "---|" * len(batches),
+        *look_header(batches),
     ]
     lines += look_rows(per_look_compiled, batches)
     lines += [

@@ -25,17 +25,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .common import RaceResult, TotalsFn
+from .common import RaceResult, TotalsFn, check_reward_values
 from .kernels import look_normal, stuck_arms
 from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
 from .schedule import (
     BLOCK_ROWS,
     REJECTION_SHARE,
-    _bitmap_entry,
     _bucket_sorted,
     _draw_fresh,
     _expand_blocks,
     _unmark,
+    claim_bitmap,
+    new_seed,
 )
 
 __all__ = ["CompiledRewards", "race_blocks", "race_compiled", "supports"]
@@ -262,13 +263,8 @@ def race_blocks(
     """
     kernel = SharedRace(config, len(offsets), n_obs, offsets)
     n_blocks = -(-n_obs // BLOCK_ROWS)
-    entry = _bitmap_entry(n_blocks)
-    bits, previous = entry
-    if previous is not None:  # clear what the last Python stream of this size drew
-        for chunk in previous._chunks:
-            _unmark(bits, chunk)
-        entry[1] = None
-    seed = np.array([rng.bit_generator.random_raw()], dtype=np.uint64)
+    bits = claim_bitmap(n_blocks)[0]  # the driver unmarks its own draws when done
+    seed = new_seed(rng)
     bound = kernel.bound
     floor_range = -1.0 if bound.floor_range is None else float(bound.floor_range)
     t_last = kernel._t_last
@@ -282,14 +278,8 @@ def race_blocks(
         float(factor_last), float(floor_last),
     )  # fmt: skip
     status = int(out[0])
-    if status == NAN_REWARD:
-        raise ValueError(
-            "rewards(arms, idx) returned NaN; a log-likelihood term must be a number or -inf"
-        )
-    if status == POSINF_REWARD:
-        raise ValueError(
-            "rewards(arms, idx) returned +inf; a log-likelihood term must be finite or -inf"
-        )
+    if status in (NAN_REWARD, POSINF_REWARD):  # the shared check raises the usual error
+        check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
     alive, n_drawn, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner = out[1:]
     state = RaceState(
         alive, int(n_drawn), mean, int(ref), int(n_ref), dmean, m2, means, int(n_evals),

@@ -17,6 +17,8 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "claim_bitmap",
+    "new_seed",
     "BLOCK_ROWS",
     "CyclicWindows",
     "ExactSwitch",
@@ -228,6 +230,27 @@ def _bitmap_entry(n: int) -> list:
     return entry
 
 
+def claim_bitmap(n: int, owner=None) -> list:
+    """Return the per-thread bitmap entry of size ``n``, cleared of its last owner's draws.
+
+    The previous owner (an :class:`IndexStream`) is the last stream that drew
+    from it; ``owner`` becomes the new one (None: a caller that unmarks its own
+    draws when done, as a compiled race does).
+    """
+    entry = _bitmap_entry(n)
+    bits, previous = entry
+    if previous is not None:
+        for chunk in previous._chunks:
+            _unmark(bits, chunk)
+    entry[1] = owner
+    return entry
+
+
+def new_seed(rng: np.random.Generator) -> np.ndarray:
+    """Return a fresh SplitMix64 state: 64 raw bits of ``rng`` (cheaper than ``integers``)."""
+    return np.array([rng.bit_generator.random_raw()], dtype=np.uint64)
+
+
 class IndexStream:
     r"""Uniformly random indices of ``range(n)`` drawn without replacement, in batches.
 
@@ -270,14 +293,8 @@ class IndexStream:
         self._sorted = np.empty(0, dtype=np.int64)
         self._rest: np.ndarray | None = None
         use = reuse_stamps and self.n <= STAMP_LIMIT
-        self._entry = _bitmap_entry(self.n) if use else None
+        self._entry = claim_bitmap(self.n, self) if use else None
         self._seed = None
-        if self._entry is not None:  # clear what the previous stream of this size drew
-            bits, previous = self._entry
-            if previous is not None:
-                for chunk in previous._chunks:
-                    _unmark(bits, chunk)
-            self._entry[1] = self
 
     @property
     def drawn(self) -> np.ndarray:
@@ -287,8 +304,8 @@ class IndexStream:
         return self._chunks[0]
 
     def new_seed(self) -> np.ndarray:
-        """Return a fresh SplitMix64 state: 64 raw bits of ``rng`` (cheaper than ``integers``)."""
-        return np.array([self.rng.bit_generator.random_raw()], dtype=np.uint64)
+        """Return a fresh SplitMix64 state for this stream (:func:`new_seed`)."""
+        return new_seed(self.rng)
 
     def _stamped(self, k: int) -> np.ndarray:
         """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
