@@ -13,7 +13,7 @@ import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .racing import RaceResult, sample_categorical
-from .racing.compiled import race_compiled, supports
+from .racing.compiled import CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = [
@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 #: Populations from this size on race in one compiled call per draw where they can
-#: (:func:`~pymc_subsample.racing.compiled.race_compiled`); smaller ones race in Python and
+#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`); smaller ones race in Python and
 #: do not pay the driver's compilation.
 COMPILED_MIN_OBS = 100_000
 #: Longest run of exact draws an element takes after races that gave up.
@@ -190,7 +190,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     For a lone scalar variable without control variates, at :math:`N \ge`
     :data:`COMPILED_MIN_OBS` and with the exact switch before half of the
     data, each race runs in one compiled call
-    (:func:`~pymc_subsample.racing.compiled.race_compiled`, the same
+    (:class:`~pymc_subsample.racing.compiled.CompiledRace`, the same
     decisions as the Python race), compiled when the step is built.
 
     Sampler stats, one value per draw: ``n_evals`` (per-observation terms
@@ -440,7 +440,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     # -- compiled races -------------------------------------------------------------
 
     def _plan_compiled(self) -> None:
-        """Use compiled races (:func:`race_compiled`) where they apply; compile them now."""
+        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now."""
         terms = self.terms
         n_obs = terms.n_obs
         self._compiled = (
@@ -455,6 +455,10 @@ class SubsampledCategoricalGibbs(RacingStep):
         )
         if self._compiled:  # compile the driver before sampling (a second or two, once)
             n_cat = self.n_categories[0]
+            self._compiled_race = CompiledRace(
+                terms.compiled_rows(), self.race_config, n_cat, n_obs,
+                len(terms.other_arrays(self.initial_point)),
+            )  # fmt: skip
             point = self.initial_point
             self._compiled_draw(
                 self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
@@ -471,9 +475,10 @@ class SubsampledCategoricalGibbs(RacingStep):
                 log_f0, lambda arms, idx: self.terms.loglik_batch([values[arms]], idx, point),
                 n_obs, rng=rng, noise=noise, totals=totals, config=self.race_config,
             )  # fmt: skip
-        res = race_compiled(
-            self.terms.compiled_rows(), values, tuple(self.terms.other_arrays(point)), n_obs,
-            self.race_config, rng=rng, offsets=(log_f0 + noise) / n_obs, totals=totals,
+        terms = self.terms
+        res = self._compiled_race(
+            values, terms.permuted_rows(), tuple(terms.other_arrays(point)), rng,
+            (log_f0 + noise) / n_obs, totals,
         )  # fmt: skip
         return res.winner, res
 

@@ -559,6 +559,10 @@ class ObservationTerms:
             return None
         return CompiledRewards(jit_fn, self._permuted_values)
 
+    def permuted_rows(self) -> tuple:
+        """Return the row-permuted copies of the per-observation inputs (read, not written)."""
+        return tuple(self._permuted_values)
+
     def other_arrays(self, point: dict) -> list:
         """Return the other value variables' values as arrays of the compiled dtypes."""
         return self._other_arrays(point)

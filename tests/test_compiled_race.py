@@ -129,3 +129,17 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
     assert draws["compiled"] == draws["python"]
     values = np.array([r[0] for r in draws["compiled"]])
     assert len(np.unique(values)) > 1  # a real spread: races that drop, give up and decide
+
+
+@pytest.mark.parametrize("shape", [(1003,), (1003, 3)])
+def test_block_gather_matches_the_expanded_positions(shape):
+    """Copying whole blocks gives the rows of the expanded positions (the last block cut)."""
+    from pymc_subsample.racing.schedule import BLOCK_ROWS, _expand_blocks, _gather_blocks
+
+    data = np.arange(np.prod(shape), dtype=float).reshape(shape)
+    n_blocks = -(-shape[0] // BLOCK_ROWS)
+    ids = np.array([n_blocks - 1, 0, 7, 3], dtype=np.int64)
+    expected = data[_expand_blocks(ids, BLOCK_ROWS, shape[0])]
+    got = _gather_blocks(data, ids, BLOCK_ROWS, shape[0])
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)

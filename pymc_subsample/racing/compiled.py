@@ -16,8 +16,9 @@ pass, rescue) as :func:`~pymc_subsample.racing.race.race_shared` does. Same
 settings and the same random stream give the same decisions as the Python
 driver.
 
-The driver is generated for each number of data arrays and of extra inputs
-and compiled once per reward function (a second or two).
+The driver is generated for each reward function (bound in as a global),
+number of data arrays and of extra inputs, and compiled once (a second or
+two).
 """
 
 from __future__ import annotations
@@ -33,19 +34,19 @@ from .schedule import (
     REJECTION_SHARE,
     _bucket_sorted,
     _draw_fresh,
-    _expand_blocks,
+    _gather_blocks,
     _unmark,
     claim_bitmap,
     new_seed,
 )
 
-__all__ = ["CompiledRewards", "race_blocks", "race_compiled", "supports"]
+__all__ = ["CompiledRace", "CompiledRewards", "race_blocks", "race_compiled", "supports"]
 
 #: Status codes returned by a compiled race.
 DECIDED, EXACT_PASS, ALL_MINUS_INF, NAN_REWARD, POSINF_REWARD = range(5)
 
 _TEMPLATE = """
-def driver(fn, cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshold,
+def driver(cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshold,
            floor_range, offsets, pairwise, guard, cantelli, give_up, t_last, factor_last,
            floor_last):
     d = len(offsets)
@@ -61,7 +62,7 @@ def driver(fn, cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshol
     n_rounds = 0
     winner = -1
     status = 1
-    drawn = np.empty(n_blocks, dtype=np.int64)
+    drawn = np.empty(looks[-1] // block + len(looks) + 1, dtype=np.int64)
     nd = 0
     for li in range(len(looks)):
         k = looks[li] - n_drawn
@@ -73,7 +74,6 @@ def driver(fn, cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshol
             ids = _bucket_sorted(ids, n_blocks)
         drawn[nd:nd + want] = ids
         nd += want
-        pos = _expand_blocks(ids, block, n_obs)
 {gathers}
         batch = fn(cand[alive], {call})[0]
         size = n_drawn + batch.shape[1]
@@ -144,31 +144,38 @@ def driver(fn, cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshol
             winner)
 """
 
-_DRIVERS: dict[tuple[int, int], object] = {}
+_DRIVERS: dict[tuple, object] = {}
 
 
-def _driver(n_rows: int, n_others: int):
-    """Return the compiled driver for ``n_rows`` data arrays and ``n_others`` extra inputs."""
-    key = (n_rows, n_others)
+def _driver(fn, n_rows: int, n_others: int):
+    """Return the compiled driver of ``fn`` for ``n_rows`` data arrays and ``n_others`` inputs.
+
+    ``fn`` is bound into the driver as a global, not passed: a dispatcher
+    passed as an argument is typed anew at every call (about 10 µs).
+    """
+    key = (fn, n_rows, n_others)
     if key not in _DRIVERS:
         rows = [f"d{i}" for i in range(n_rows)]
         others = [f"o{i}" for i in range(n_others)]
-        gathers = "\n".join(f"        r{i} = d{i}[pos]" for i in range(n_rows))
+        gathers = "\n".join(
+            f"        r{i} = _gather_blocks(d{i}, ids, block, n_obs)" for i in range(n_rows)
+        )
         source = _TEMPLATE.format(
             args=", ".join(rows + others),
             gathers=gathers,
             call=", ".join([f"r{i}" for i in range(n_rows)] + others),
         )
         namespace = {
+            "fn": fn,
             "np": np,
             "look_normal": look_normal,
             "stuck_arms": stuck_arms,
             "_draw_fresh": _draw_fresh,
             "_bucket_sorted": _bucket_sorted,
-            "_expand_blocks": _expand_blocks,
+            "_gather_blocks": _gather_blocks,
             "_unmark": _unmark,
         }
-        exec(compile(source, f"<race_blocks driver {key}>", "exec"), namespace)  # noqa: S102
+        exec(compile(source, f"<race_blocks driver {key[1:]}>", "exec"), namespace)  # noqa: S102
         _DRIVERS[key] = njit(namespace["driver"])
     return _DRIVERS[key]
 
@@ -209,6 +216,94 @@ def supports(config: RaceConfig, n_arms: int, n_obs: int, totals) -> bool:
     last = int(looks[-2]) + BLOCK_ROWS
     n_blocks = -(-n_obs // BLOCK_ROWS)
     return 2 * last < n_obs and last <= REJECTION_SHARE * n_blocks * BLOCK_ROWS - BLOCK_ROWS
+
+
+class CompiledRace:
+    r"""A Racing-Normal race on compiled rewards, set up once and run many times.
+
+    Everything that does not change between races of the same settings (the
+    look sizes, the bound's constants, the compiled driver) is prepared here,
+    so that a race costs one compiled call plus a few microseconds of Python.
+
+    Parameters
+    ----------
+    rewards : CompiledRewards
+        The compiled reward function (its data arrays are passed at each run:
+        a row permutation may be redrawn between races).
+    config : RaceConfig
+        Settings (``bound="normal"``, ``batches="blocks"``; :func:`supports`).
+    n_arms : int
+        Number of arms :math:`D`.
+    n_obs : int
+        Population size :math:`N`.
+    n_others : int
+        Number of further inputs of the reward function.
+    """
+
+    def __init__(
+        self, rewards: CompiledRewards, config: RaceConfig, n_arms: int, n_obs: int, n_others: int
+    ):
+        self.kernel = kernel = SharedRace(config, n_arms, n_obs)
+        self.n_obs = int(n_obs)
+        self.n_blocks = -(-self.n_obs // BLOCK_ROWS)
+        self._driver = _driver(rewards.fn, len(rewards.data), int(n_others))
+        bound = kernel.bound
+        t_last = kernel._t_last
+        factor_last, floor_last = kernel._widths.get(t_last, (0.0, 0.0))
+        self._settings = (
+            self.n_blocks, BLOCK_ROWS, self.n_obs,
+            np.asarray(kernel.look_sizes[:-1], dtype=np.int64), float(bound.threshold),
+            -1.0 if bound.floor_range is None else float(bound.floor_range),
+        )  # fmt: skip
+        self._tail = (
+            kernel.pairwise, kernel._guard, float(kernel._cantelli), kernel.can_give_up,
+            t_last, float(factor_last), float(floor_last),
+        )  # fmt: skip
+
+    def run(
+        self,
+        candidates: np.ndarray,
+        data: tuple,
+        others: tuple,
+        rng: np.random.Generator,
+        offsets: np.ndarray,
+    ) -> tuple[SharedRace, RaceState, int]:
+        """Run the subsampled looks (see :func:`race_blocks`); return ``(kernel, state, status)``.
+
+        ``data`` are the reward function's data arrays (a uniformly random
+        order of the rows); ``kernel`` is the race's kernel with ``offsets``,
+        to end the race with.
+        """
+        bits = claim_bitmap(self.n_blocks)[0]  # the driver unmarks its own draws when done
+        out = self._driver(
+            candidates, *data, *others, bits, new_seed(rng), *self._settings, offsets,
+            *self._tail,
+        )  # fmt: skip
+        status = int(out[0])
+        if status in (NAN_REWARD, POSINF_REWARD):  # the shared check raises the usual error
+            check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
+        return self.kernel.with_offsets(offsets), RaceState(*out[1:]), status
+
+    def __call__(
+        self,
+        candidates: np.ndarray,
+        data: tuple,
+        others: tuple,
+        rng: np.random.Generator,
+        offsets: np.ndarray,
+        totals: TotalsFn,
+    ) -> RaceResult:
+        """Run a whole race: :meth:`run`, then its exact pass or rescue (:func:`race_compiled`)."""
+        kernel, state, status = self.run(candidates, data, others, rng, offsets)
+        if status == DECIDED:
+            return kernel.result(state)
+
+        def rows_rewards(arms, idx):  # only the rescue of a race whose survivors are all -inf
+            raise RuntimeError("a compiled race reads its rows itself")
+
+        if status == EXACT_PASS:
+            return _exact_pass(kernel, state, rows_rewards, totals)
+        return _rescue(kernel, state, rows_rewards, totals)
 
 
 def race_blocks(
@@ -261,31 +356,8 @@ def race_blocks(
     ValueError
         When a reward is NaN or +inf.
     """
-    kernel = SharedRace(config, len(offsets), n_obs, offsets)
-    n_blocks = -(-n_obs // BLOCK_ROWS)
-    bits = claim_bitmap(n_blocks)[0]  # the driver unmarks its own draws when done
-    seed = new_seed(rng)
-    bound = kernel.bound
-    floor_range = -1.0 if bound.floor_range is None else float(bound.floor_range)
-    t_last = kernel._t_last
-    factor_last, floor_last = kernel._widths.get(t_last, (0.0, 0.0))
-    looks = np.asarray(kernel.look_sizes[:-1], dtype=np.int64)
-    driver = _driver(len(rewards.data), len(others))
-    out = driver(
-        rewards.fn, candidates, *rewards.data, *others, bits, seed, n_blocks, BLOCK_ROWS,
-        n_obs, looks, float(bound.threshold), floor_range, offsets, kernel.pairwise,
-        kernel._guard, float(kernel._cantelli), kernel.can_give_up, t_last,
-        float(factor_last), float(floor_last),
-    )  # fmt: skip
-    status = int(out[0])
-    if status in (NAN_REWARD, POSINF_REWARD):  # the shared check raises the usual error
-        check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
-    alive, n_drawn, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner = out[1:]
-    state = RaceState(
-        alive, int(n_drawn), mean, int(ref), int(n_ref), dmean, m2, means, int(n_evals),
-        int(n_rounds), int(winner),
-    )  # fmt: skip
-    return kernel, state, status
+    race = CompiledRace(rewards, config, len(offsets), n_obs, len(others))
+    return race.run(candidates, rewards.data, others, rng, offsets)
 
 
 def race_compiled(
@@ -314,15 +386,5 @@ def race_compiled(
     RaceResult
         As :func:`~pymc_subsample.racing.race.race_shared` returns it.
     """
-    kernel, state, status = race_blocks(
-        rewards, candidates, others, n_obs, config, rng=rng, offsets=offsets
-    )
-    if status == DECIDED:
-        return kernel.result(state)
-
-    def rows_rewards(arms, idx):  # only the rescue of a race whose survivors are all -inf
-        raise RuntimeError("a compiled race reads its rows itself")
-
-    if status == EXACT_PASS:
-        return _exact_pass(kernel, state, rows_rewards, totals)
-    return _rescue(kernel, state, rows_rewards, totals)
+    race = CompiledRace(rewards, config, len(offsets), n_obs, len(others))
+    return race(candidates, rewards.data, others, rng, offsets, totals)

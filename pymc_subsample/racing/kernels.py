@@ -92,37 +92,31 @@ def look_pairwise(
     Returns
     -------
     tuple
-        ``(mean, lead, n_ref, dmean, dm2, keep, g1sq)``, fresh arrays;
+        ``(mean, lead, n_ref, dmean, dm2, keep, bmean)``, fresh arrays;
         ``lead`` is −1 (and nothing is merged) when some reward is not
-        finite; ``g1sq`` is the squared skewness of each arm's differences
-        with the leader on this batch (:math:`\hat g_1^2`, for Cochran's
-        rule in :func:`skew_guard`); arm
+        finite; ``bmean`` holds the arms' means on this batch (for
+        :func:`skew_guard`); arm
         :math:`i` is kept iff :math:`\hat\mu_{\hat x} + o_{\hat x} - \hat\mu_i
         - o_i \le \texttt{factor}\,\max(\hat\sigma_{\hat x,i}, \texttt{floor})`.
     """
     s, m = batch.shape
     bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
     if lead < 0:
-        return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_), np.zeros(s)
+        return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_), bmean
     if lead != ref:
         n_ref = 0
         dmean = np.zeros(s)
         dm2 = np.zeros(s)
     new_dmean = np.empty(s)
     new_dm2 = np.empty(s)
-    g1sq = np.zeros(s)
     tot = n_ref + m
     corr = n_ref * m / tot
     for i in range(s):
         bd = bmean[lead] - bmean[i]
         acc = 0.0
-        acc3 = 0.0
         for k in range(m):
             c = batch[lead, k] - batch[i, k] - bd
-            c2 = c * c
-            acc += c2
-            acc3 += c2 * c
-        g1sq[i] = _g1sq(acc, acc3, m, bd)
+            acc += c * c
         delta = bd - dmean[i]
         new_dmean[i] = dmean[i] + delta * (m / tot)
         new_dm2[i] = dm2[i] + acc + delta * delta * corr
@@ -132,7 +126,7 @@ def look_pairwise(
             if i != lead:
                 sd = max(np.sqrt(max(new_dm2[i] / tot, 0.0)), floor)
                 keep[i] = best - (new_mean[i] + offsets[i]) <= factor * sd
-    return new_mean, lead, tot, new_dmean, new_dm2, keep, g1sq
+    return new_mean, lead, tot, new_dmean, new_dm2, keep, bmean
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -147,27 +141,22 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
     Returns
     -------
     tuple
-        ``(mean, lead, m2, keep, g1sq)``, fresh arrays; ``lead`` is −1 (and
-        nothing is merged) when some reward is not finite; ``g1sq`` is each
-        arm's squared skewness on this batch.
+        ``(mean, lead, m2, keep, bmean)``, fresh arrays; ``lead`` is −1 (and
+        nothing is merged) when some reward is not finite; ``bmean`` holds
+        the arms' means on this batch (for :func:`skew_guard`).
     """
     s, m = batch.shape
     bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
     if lead < 0:
-        return mean, lead, m2, np.ones(s, dtype=np.bool_), np.zeros(s)
+        return mean, lead, m2, np.ones(s, dtype=np.bool_), bmean
     tot = n + m
     corr = n * m / tot
     new_m2 = m2.copy()
-    g1sq = np.zeros(s)
     for i in range(s):
         acc = 0.0
-        acc3 = 0.0
         for k in range(m):
             c = batch[i, k] - bmean[i]
-            c2 = c * c
-            acc += c2
-            acc3 += c2 * c
-        g1sq[i] = _g1sq(acc, acc3, m, bmean[i])
+            acc += c * c
         di = bmean[i] - mean[i]
         new_m2[i] += acc + di * di * corr
     keep = np.ones(s, dtype=np.bool_)
@@ -177,12 +166,30 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
             if i != lead:
                 sd = max(np.sqrt(max(new_m2[i] / tot, 0.0)), floor)
                 keep[i] = best - factor * sd_lead <= new_mean[i] + offsets[i] + factor * sd
-    return new_mean, lead, new_m2, keep, g1sq
+    return new_mean, lead, new_m2, keep, bmean
+
+
+@njit(cache=True, fastmath=_FAST)
+def _batch_g1sq(batch, i, lead, bmean, pairwise):  # pragma: no cover - compiled
+    """Squared skewness of arm ``i``'s rewards on the batch (of its differences with the leader)."""
+    m = batch.shape[1]
+    centre = bmean[lead] - bmean[i] if pairwise else bmean[i]
+    acc = 0.0
+    acc3 = 0.0
+    for k in range(m):
+        if pairwise:
+            c = batch[lead, k] - batch[i, k] - centre
+        else:
+            c = batch[i, k] - centre
+        c2 = c * c
+        acc += c2
+        acc3 += c2 * c
+    return _g1sq(acc, acc3, m, centre)
 
 
 @njit(cache=True, fastmath=_FAST)
 def skew_guard(
-    lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise, g1sq
+    lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise, batch, bmean
 ):  # pragma: no cover - compiled
     r"""Keep the arms whose elimination rests on a mean too skewed to be near-normal.
 
@@ -213,8 +220,11 @@ def skew_guard(
         Standard errors beyond which a gap is decisive.
     pairwise : bool
         Variance mode.
-    g1sq : numpy.ndarray
-        ``(S,)`` squared skewness on the latest batch, as returned by
+    batch : numpy.ndarray
+        ``(S, m)`` rewards of the latest batch; the skewness :math:`\hat g_1`
+        is computed from it only for the doubtful arms (and the leader).
+    bmean : numpy.ndarray
+        ``(S,)`` means on the latest batch, as returned by
         :func:`look_pairwise` or :func:`look_marginal`.
 
     Returns
@@ -236,9 +246,9 @@ def skew_guard(
             continue
         if not pairwise and not lead_checked:
             lead_checked = True
-            if size < 25.0 * g1sq[lead]:
+            if size < 25.0 * _batch_g1sq(batch, lead, lead, bmean, False):
                 return np.ones(s, dtype=np.bool_)
-        if size < 25.0 * g1sq[i]:
+        if size < 25.0 * _batch_g1sq(batch, i, lead, bmean, pairwise):
             out[i] = True
     return out
 
@@ -278,12 +288,12 @@ def look_normal(
     s, m = batch.shape
     size = n + m
     if pairwise:
-        new_mean, lead, tot, new_dmean, new_m2, keep, g1sq = look_pairwise(
+        new_mean, lead, tot, new_dmean, new_m2, keep, bmean = look_pairwise(
             batch, n, mean, ref, n_ref, dmean, m2, offsets, factor, floor
         )
         n_var = max(tot, 1)
     else:
-        new_mean, lead, new_m2, keep, g1sq = look_marginal(
+        new_mean, lead, new_m2, keep, bmean = look_marginal(
             batch, n, mean, m2, offsets, factor, floor
         )
         tot = n_ref
@@ -292,7 +302,9 @@ def look_normal(
     if lead < 0 or s == 1 or not guard or keep.all():
         return new_mean, lead, tot, new_dmean, new_m2, keep
     score = new_mean + offsets
-    keep = skew_guard(lead, keep, score, new_m2, n_var, size, n_obs, cantelli, pairwise, g1sq)
+    keep = skew_guard(
+        lead, keep, score, new_m2, n_var, size, n_obs, cantelli, pairwise, batch, bmean
+    )
     return new_mean, lead, tot, new_dmean, new_m2, keep
 
 

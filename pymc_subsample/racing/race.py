@@ -274,6 +274,13 @@ class SharedRace:
         self._cantelli = self.bound.cantelli if self.normal else 0.0
         self._t_last = self.look_sizes[-2] if len(self.looks) > 1 else 0
 
+    def with_offsets(self, offsets: np.ndarray) -> SharedRace:
+        """Return a copy of this kernel with other offsets (the settings are shared, not copied)."""
+        kernel = object.__new__(SharedRace)
+        kernel.__dict__.update(self.__dict__)
+        kernel.offsets = offsets
+        return kernel
+
     def init(self) -> RaceState:
         """State before the first look: every arm alive, nothing drawn.
 
