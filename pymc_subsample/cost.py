@@ -20,10 +20,17 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .racing.compiled import CompiledRace, CompiledRewards
 from .racing.race import RaceConfig, race_shared
 from .racing.schedule import doubling_schedule
 
-__all__ = ["choose_exact_after", "choose_first_batch", "fit_round_cost", "median_seconds"]
+__all__ = [
+    "choose_exact_after",
+    "choose_first_batch",
+    "compiled_look_cost",
+    "fit_round_cost",
+    "median_seconds",
+]
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
@@ -87,6 +94,50 @@ def fit_round_cost(call_seconds: Callable[[int], float], n_arms: int, n_obs: int
     b = max((costs[1] - costs[0]) / (large - small), 0.0)
     a = max(costs[0] - b * small, 0.0)
     return a, b
+
+
+def compiled_look_cost(
+    rewards: CompiledRewards,
+    candidates: np.ndarray,
+    others: tuple,
+    n_obs: int,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    r"""Fit the cost :math:`a + b\,m` of a compiled look on ``m`` new rows, all arms alive.
+
+    Times a one-look :class:`~pymc_subsample.racing.compiled.CompiledRace`
+    (δ so small that no arm drops) at two sizes, as :func:`fit_round_cost`
+    does for Python looks; :math:`a` includes the Python call of the race.
+
+    Parameters
+    ----------
+    rewards : CompiledRewards
+        The compiled reward function and its data arrays.
+    candidates : numpy.ndarray
+        One candidate per arm.
+    others : tuple
+        Further inputs of the reward function.
+    n_obs : int
+        :math:`N`.
+    rng : numpy.random.Generator
+        Source of the block draws.
+
+    Returns
+    -------
+    tuple of float
+        ``(a, b)`` in seconds and seconds per row (all arms).
+    """
+    offsets = np.zeros(len(candidates))
+    small, large = 64, int(min(max(n_obs // 8, 128), 8192))
+    costs = []
+    for m in (small, large):
+        config = RaceConfig(delta=1e-12, schedule=(m, n_obs), batches="blocks")
+        race = CompiledRace(rewards, config, len(candidates), n_obs, len(others))
+        costs.append(
+            median_seconds(lambda r=race: r.run(candidates, rewards.data, others, rng, offsets))
+        )
+    b = max((costs[1] - costs[0]) / (large - small), 0.0)
+    return max(costs[0] - b * small, 0.0), b
 
 
 def choose_exact_after(

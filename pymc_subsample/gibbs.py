@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
+from .cost import compiled_look_cost
 from .racing import RaceResult, sample_categorical
 from .racing.compiled import CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -440,10 +441,44 @@ class SubsampledCategoricalGibbs(RacingStep):
     # -- compiled races -------------------------------------------------------------
 
     def _plan_compiled(self) -> None:
-        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now."""
+        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.
+
+        A compiled look costs a few microseconds where a Python one costs tens,
+        so the "auto" first batch and exact switch, chosen by timing Python
+        looks, are chosen again by timing compiled ones
+        (:func:`~pymc_subsample.cost.compiled_look_cost`), when the compiled race still applies
+        with them.
+        """
+        self._compiled = self._compiled_applies()
+        if not self._compiled:
+            return
+        terms = self.terms
+        n_cat, n_obs = self.n_categories[0], terms.n_obs
+        point = self.initial_point
+        others = tuple(terms.other_arrays(point))
+        if any(self._auto_plan) and self._exact_seconds is not None:
+            before = (self.batch_size, self.exact_switch, self.race_config)
+            look = compiled_look_cost(
+                terms.compiled_rows(), self._values[0], others, n_obs, np.random.default_rng(0)
+            )
+            self._choose_plan(look)
+            if not self._compiled_applies():  # keep the Python-timed plan
+                self.batch_size, self.exact_switch, self.race_config = before
+        # compile the driver before sampling (a second or two, once)
+        self._compiled_race = CompiledRace(
+            terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
+        )
+        self._compiled_draw(
+            self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
+            lambda arms: self.terms.loglik_sum([self._values[0][arms]], point),
+            rng=np.random.default_rng(0),
+        )  # fmt: skip
+
+    def _compiled_applies(self) -> bool:
+        """Return True for a lone scalar without control variates whose race :func:`supports`."""
         terms = self.terms
         n_obs = terms.n_obs
-        self._compiled = (
+        return bool(
             n_obs >= COMPILED_MIN_OBS
             and self.race_config is not None
             and not self.decides_exactly
@@ -453,18 +488,6 @@ class SubsampledCategoricalGibbs(RacingStep):
             and terms.compiled_rows() is not None
             and supports(self.race_config, self.n_categories[0], n_obs, totals=True)
         )
-        if self._compiled:  # compile the driver before sampling (a second or two, once)
-            n_cat = self.n_categories[0]
-            self._compiled_race = CompiledRace(
-                terms.compiled_rows(), self.race_config, n_cat, n_obs,
-                len(terms.other_arrays(self.initial_point)),
-            )  # fmt: skip
-            point = self.initial_point
-            self._compiled_draw(
-                self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
-                lambda arms: self.terms.loglik_sum([self._values[0][arms]], point),
-                rng=np.random.default_rng(0),
-            )  # fmt: skip
 
     def _compiled_draw(self, values, log_f0, noise, point, totals, rng=None):
         """Gumbel-max draw by a compiled race; the Python race when some log f0 is -inf."""

@@ -193,16 +193,29 @@ class RacingStep(BlockedStep):
                 f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
             )
         cost = exact = None
+        self._auto_plan = (self.batch_size is None, auto_switch)
         if (auto_switch or self.batch_size is None) and n_obs >= 200:
             cost, exact = self._measure(self.initial_point, n_cands)
-        if self.batch_size is None:
+        self._exact_seconds = exact
+        self._exact_fraction = exact_fraction
+        self._choose_plan(cost)
+
+    def _choose_plan(self, cost: tuple[float, float] | None) -> None:
+        """Set the first batch (if "auto"), the exact switch and :attr:`race_config`.
+
+        ``cost`` is the fitted cost ``(a, b)`` of a look (None: not timed).
+        """
+        n_obs = self.terms.n_obs
+        auto_batch, auto_switch = self._auto_plan
+        if auto_batch:
             self.batch_size = 50 if cost is None else choose_first_batch(n_obs, cost)
         if auto_switch:
+            exact = self._exact_seconds
             after = (
                 n_obs if cost is None else choose_exact_after(n_obs, self.batch_size, cost, exact)
             )
         else:
-            after = int(np.ceil(exact_fraction * n_obs))
+            after = int(np.ceil(self._exact_fraction * n_obs))
             # fewer than three looks cannot pay for the race's overhead: decide at once
             after = after if after >= 4 * self.batch_size else 0
         self.exact_switch = ExactSwitch.never() if after >= n_obs else ExactSwitch(after)
