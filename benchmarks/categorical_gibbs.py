@@ -11,9 +11,10 @@ Each step runs at its defaults (``SubsampledCategoricalGibbs([q])``: first
 batch and exact switch chosen by timing at construction; the redraw of the
 row permutation, every N/10 draws, is timed apart and added, amortized). Time
 per draw is measured by calling each step's ``step(point)`` in interleaved
-blocks of about 0.2 s each (after a warm-up that compiles), median over
-blocks, so that all sides see the same machine load and each is timed in its
-steady state. Also reported: our own exact Gibbs step (``bound="exact"``: one
+blocks of about 0.2 s (at least 5 draws) each, after a warm-up that compiles
+and lets the back-off settle (up to 40 draws or 2 s), median over blocks, so
+that all sides see the same machine load and each is timed in its steady
+state. Also reported: our own exact Gibbs step (``bound="exact"``: one
 fused pass), the per-observation terms evaluated per draw, the looks per
 draw, and the limit the race is measured against: terms evaluated x fused
 per-term cost + looks x compiled-call floor.
@@ -38,6 +39,10 @@ from pymc_subsample.cost import median_seconds
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 OUT = OUT / "categorical_gibbs.md"
+#: Warm-up of each step before timing: up to this many draws, or this many seconds (at
+#: least two draws), so that a racing step is timed after its back-off has settled, as in
+#: a chain of thousands of draws (its first few races on a diffuse conditional all run).
+WARMUP_DRAWS, WARMUP_SECONDS = 40, 2.0
 
 
 def make_model(n_obs, n_cat, kind, likelihood="normal", seed=0):
@@ -68,12 +73,15 @@ def interleaved(steps, point, seconds=0.2, blocks=5):
     sizes = {}
     for name, step in list(steps.items()):
         try:
-            for _ in range(2):  # warm-up: first calls compile
+            t_start = time.perf_counter()
+            for k in range(WARMUP_DRAWS):  # first calls compile; the back-off settles
                 points[name], _ = step.step(points[name])
+                if k >= 1 and time.perf_counter() - t_start > WARMUP_SECONDS:
+                    break
             t0 = time.perf_counter()
             for _ in range(3):
                 points[name], _ = step.step(points[name])
-            sizes[name] = int(np.clip(seconds * 3 / (time.perf_counter() - t0), 3, 2000))
+            sizes[name] = int(np.clip(seconds * 3 / (time.perf_counter() - t0), 5, 2000))
         except ValueError:  # PyMC's proportional proposal on a point-mass conditional
             del steps[name]
     times = {name: [] for name in steps}
@@ -162,7 +170,9 @@ def main():
         "# SubsampledCategoricalGibbs vs CategoricalGibbsMetropolis",
         "",
         "Regenerate with `python benchmarks/categorical_gibbs.py`. Milliseconds per draw of "
-        "`step.step(point)`, median of 5 interleaved blocks of about 0.2 s per step: "
+        "`step.step(point)`, median of 5 interleaved blocks of about 0.2 s (at least 5 draws) "
+        "per step, after a warm-up of up to 40 draws or 2 s (compilation; the back-off "
+        "settles): "
         '`pm.CategoricalGibbsMetropolis(proposal="proportional")` '
         '(the baseline; where it fails on a point-mass conditional, "Probabilities do not sum '
         "to 1\", our `bound='exact'` step stands in), our exact step (`bound='exact'`, one fused "
