@@ -105,9 +105,14 @@ def compiled_look_cost(
 ) -> tuple[float, float]:
     r"""Fit the cost :math:`a + b\,m` of a compiled look on ``m`` new rows, all arms alive.
 
-    Times a one-look :class:`~pymc_subsample.racing.compiled.CompiledRace`
-    (δ so small that no arm drops) at two sizes, as :func:`fit_round_cost`
-    does for Python looks; :math:`a` includes the Python call of the race.
+    Times :class:`~pymc_subsample.racing.compiled.CompiledRace` races of
+    identical arms (copies of the first candidate, so that none drops): one
+    look on a small and on a large batch, for :math:`b`, and nine small
+    looks, for :math:`a`: the cost a
+    further look adds inside the compiled driver, without the race's own
+    call (a race costs :math:`c + L\,a + b\,T` for :math:`L` looks on
+    :math:`T` rows, and :math:`c`, paid once, does not depend on the first
+    batch).
 
     Parameters
     ----------
@@ -128,16 +133,21 @@ def compiled_look_cost(
         ``(a, b)`` in seconds and seconds per row (all arms).
     """
     offsets = np.zeros(len(candidates))
-    small, large = 64, int(min(max(n_obs // 8, 128), 8192))
-    costs = []
-    for m in (small, large):
-        config = RaceConfig(delta=1e-12, schedule=(m, n_obs), batches="blocks")
+    same = np.repeat(np.asarray(candidates)[:1], len(candidates), axis=0)  # no arm ever drops
+    small, large, looks = 128, int(min(max(n_obs // 8, 256), 8192)), 9
+
+    def seconds(schedule) -> float:
+        config = RaceConfig(schedule=(*schedule, n_obs), batches="blocks")
         race = CompiledRace(rewards, config, len(candidates), n_obs, len(others))
-        costs.append(
-            median_seconds(lambda r=race: r.run(candidates, rewards.data, others, rng, offsets))
+        return median_seconds(
+            lambda: race.run(same, rewards.data, others, rng, offsets), repeats=15
         )
-    b = max((costs[1] - costs[0]) / (large - small), 0.0)
-    return max(costs[0] - b * small, 0.0), b
+
+    one_small, one_large = seconds((small,)), seconds((large,))
+    several = seconds(tuple(small * (k + 1) for k in range(looks)))
+    b = max((one_large - one_small) / (large - small), 0.0)
+    a = max((several - one_small) / (looks - 1) - b * small, 0.0)
+    return a, b
 
 
 def choose_exact_after(

@@ -446,11 +446,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         A compiled look costs a few microseconds where a Python one costs tens,
         so the "auto" first batch and exact switch, chosen by timing Python
         looks, are chosen again by timing compiled ones
-        (:func:`~pymc_subsample.cost.compiled_look_cost`), when the compiled race still applies
-        with them.
+        (:func:`~pymc_subsample.cost.compiled_look_cost`), whatever the Python
+        timing chose (even deciding at once), when the compiled race applies
+        with the new plan.
         """
-        self._compiled = self._compiled_applies()
-        if not self._compiled:
+        self._compiled = False
+        if not self._compiled_structure():
             return
         terms = self.terms
         n_cat, n_obs = self.n_categories[0], terms.n_obs
@@ -464,6 +465,9 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._choose_plan(look)
             if not self._compiled_applies():  # keep the Python-timed plan
                 self.batch_size, self.exact_switch, self.race_config = before
+        self._compiled = self._compiled_applies()
+        if not self._compiled:
+            return
         # compile the driver before sampling (a second or two, once)
         self._compiled_race = CompiledRace(
             terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
@@ -474,19 +478,29 @@ class SubsampledCategoricalGibbs(RacingStep):
             rng=np.random.default_rng(0),
         )  # fmt: skip
 
-    def _compiled_applies(self) -> bool:
-        """Return True for a lone scalar without control variates whose race :func:`supports`."""
+    def _compiled_structure(self) -> bool:
+        """Return True for a lone scalar, no control variates, compiled rows, large N."""
         terms = self.terms
-        n_obs = terms.n_obs
         return bool(
-            n_obs >= COMPILED_MIN_OBS
-            and self.race_config is not None
-            and not self.decides_exactly
+            terms.n_obs >= COMPILED_MIN_OBS
+            and self.bound == "normal"
             and not self.control_variates
             and len(self.vars) == 1
             and np.size(self.initial_point[self.vars[0].name]) == 1
             and terms.compiled_rows() is not None
-            and supports(self.race_config, self.n_categories[0], n_obs, totals=True)
+        )
+
+    def _compiled_applies(self) -> bool:
+        """Return True when the step races compiled.
+
+        :meth:`_compiled_structure` holds and the plan :func:`supports` a
+        compiled race (and does not decide every draw exactly).
+        """
+        return bool(
+            self._compiled_structure()
+            and self.race_config is not None
+            and not self.decides_exactly
+            and supports(self.race_config, self.n_categories[0], self.terms.n_obs, totals=True)
         )
 
     def _compiled_draw(self, values, log_f0, noise, point, totals, rng=None):
