@@ -209,16 +209,22 @@ def single_model(r: np.ndarray, lags: np.ndarray, order: int) -> pm.Model:
 def product_space_model(
     r: np.ndarray, lags: np.ndarray, log_prior_q: np.ndarray, pseudo: list[dict]
 ) -> pm.Model:
-    """Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``.
+    r"""Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``.
 
     Order ``Q_GRID[j]`` has the flat parameters ``z_<q>`` and the potential
     ``prior_<q>``: its prior when ``q == j``, its Gaussian pseudoprior otherwise.
+    The adjusted prior :math:`\log\tilde\pi_q` = ``log_softmax(log_prior_q)[q]`` is
+    a potential on a uniform Categorical, in log space throughout: at
+    :math:`N = 10^6` the orders' log evidences differ by thousands of nats, so
+    the adjusted prior spans as many, and ``Categorical(logit_p=...)``, whose
+    probabilities are exponentiated, would round all but one order to zero.
     """
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags)
         log_prior = pm.Data("log_prior_q", np.asarray(log_prior_q, dtype=float))
-        q = pm.Categorical("q", logit_p=log_prior)
+        q = pm.Categorical("q", p=np.full(len(Q_GRID), 1 / len(Q_GRID)))
+        pm.Potential("prior_q", pt.special.log_softmax(log_prior)[q] + np.log(len(Q_GRID)))
         a0s, rows, nus = [], [], []
         for j, order in enumerate(Q_GRID):
             z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
@@ -546,7 +552,9 @@ def set_bound(steps, bound: str) -> None:
 def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:
     r"""Posterior of q under the uniform prior: draw shares times :math:`\pi_q/\tilde\pi_q`."""
     counts = np.bincount(np.ravel(q_draws), minlength=len(Q_GRID)).astype(float)
-    w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
+    with np.errstate(divide="ignore"):
+        log_w = np.log(counts) - np.asarray(log_prior_q, dtype=float)  # in logs: priors span
+    w = np.exp(log_w - log_w.max())  # thousands of nats at N = 10^6
     return w / w.sum()
 
 
@@ -701,9 +709,11 @@ def running_log_posterior(idata, n_obs, kind, log_prior_q) -> tuple[np.ndarray, 
     q = idata.posterior["q"].values.astype(int).ravel()
     evals = np.cumsum(evaluations(idata, n_obs, kind).ravel())
     counts = np.cumsum(np.eye(len(Q_GRID))[q], axis=0)
-    w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
     with np.errstate(divide="ignore"):
-        return evals, np.log(w / w.sum(axis=1, keepdims=True))
+        log_w = np.log(counts) - np.asarray(log_prior_q, dtype=float)
+    top = log_w.max(axis=1, keepdims=True)
+    log_w = log_w - top
+    return evals, log_w - np.log(np.exp(log_w).sum(axis=1, keepdims=True))
 
 
 def main():
