@@ -736,6 +736,10 @@ def main():
         knobs = dict(SIM_KNOBS)
         knobs["draws"] = args.draws or knobs["draws"]
         knobs["tune"] = args.tune or knobs["tune"]
+        if args.draws:
+            knobs["pymc_draws"] = min(args.draws, knobs["pymc_draws"])
+        if args.tune:
+            knobs["pymc_tune"] = min(args.tune, knobs["pymc_tune"])
         main_simulate(args.n, knobs)
         return
     draws, tune, pilot, pilot_nuts = (300, 200, 200, 400) if args.quick else (1000, 1000, 1000, 500)
@@ -805,8 +809,11 @@ def main():
 
 # -- the simulated large-N variant -------------------------------------------------
 
-#: ``--simulate`` knobs: kept and tuning draws per chain, pilot draws, importance draws.
-SIM_KNOBS = {"draws": 500, "tune": 200, "pilot": 200, "is_draws": 100}
+#: ``--simulate`` knobs: kept and tuning draws per chain (ours and exact; PyMC's, which
+#: cost about 2 s a draw at N = 10^6), pilot draws, importance draws per order.
+SIM_KNOBS = {
+    "draws": 500, "tune": 150, "pymc_draws": 250, "pymc_tune": 100, "pilot": 200, "is_draws": 100,
+}  # fmt: skip
 
 
 class StepClock:
@@ -931,11 +938,14 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
     with model:
         baseline = pymc_steps(model, pseudo)
     label = "PyMC: CategoricalGibbsMetropolis + NUTS"
-    runs[label] = ("pymc", [run("pymc", model, baseline, draws, tune, 3, start)])
+    pymc_draws, pymc_tune = knobs["pymc_draws"], knobs["pymc_tune"]
+    runs[label] = ("pymc", [run("pymc", model, baseline, pymc_draws, pymc_tune, 3, start)])
     notes = {
         "n_obs": n_obs,
         "draws": draws,
         "tune": tune,
+        "pymc_draws": pymc_draws,
+        "pymc_tune": pymc_tune,
         "pilot": pilot,
         "is_draws": knobs["is_draws"],
         "pseudoprior_seconds": pseudo_seconds,
@@ -952,9 +962,10 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
     }
     notes["table_note"] = (
         f"N = {n_obs:,} returns simulated from ARCH(15)-t at the real ARCH(15) fit; one run of "
-        f"each sampler, 2 chains of {draws} draws after {tune} tuning draws, one after the "
-        f"other, on one core. P(q) is the posterior under the uniform prior, read back from the "
-        f"adjusted-prior run. Seconds are sampling only: the Laplace pseudopriors took "
+        f"each sampler, 2 chains of {draws} draws after {tune} tuning draws (PyMC: "
+        f"{pymc_draws} after {pymc_tune}), one after the other, on one core. P(q) is the "
+        f"posterior under the uniform prior, read back from the adjusted-prior run. Seconds "
+        f"are sampling only: the Laplace pseudopriors took "
         f"{pseudo_seconds:.0f} s, building our steps {build:.0f} s, the pilot ({pilot} draws) "
         f"{pilot_seconds:.0f} s. ν, α₀ and Σα are those of the selected order at each draw."
     )
