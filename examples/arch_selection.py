@@ -731,6 +731,7 @@ def main():
     parser.add_argument("--n", type=int, default=N_SIMULATED, help="--simulate: returns")
     parser.add_argument("--draws", type=int, help="--simulate: kept draws per chain")
     parser.add_argument("--tune", type=int, help="--simulate: tuning draws per chain")
+    parser.add_argument("--save-traces", type=Path, help="--simulate: save traces here")
     args = parser.parse_args()
     if args.simulate:
         knobs = dict(SIM_KNOBS)
@@ -740,7 +741,7 @@ def main():
             knobs["pymc_draws"] = min(args.draws, knobs["pymc_draws"])
         if args.tune:
             knobs["pymc_tune"] = min(args.tune, knobs["pymc_tune"])
-        main_simulate(args.n, knobs)
+        main_simulate(args.n, knobs, args.save_traces)
         return
     draws, tune, pilot, pilot_nuts = (300, 200, 200, 400) if args.quick else (1000, 1000, 1000, 500)
     clock = time.perf_counter()
@@ -882,10 +883,15 @@ def race_costs(idata, n_obs: int) -> dict:
         "mh_fraction": float(ev[..., 1].sum() / (2 * n_obs * max(decisions.sum(), 1))),
         "mh_accepted": float(st["accepted"].values.mean()),
         "q_raced": float(st["n_raced"].values.mean()),
+        "mh_fraction_by_order": {
+            str(order): float(ev[..., 1][at].sum() / (2 * n_obs * max(decisions[at].sum(), 1)))
+            for j, order in enumerate(Q_GRID)
+            if (at := idata.posterior["q"].values == j).any()
+        },
     }
 
 
-def main_simulate(n_obs: int, knobs: dict) -> None:
+def main_simulate(n_obs: int, knobs: dict, save: Path | None = None) -> None:
     """Run the ``--simulate`` variant: the same pipeline on a simulated ARCH(15)-t series.
 
     The pseudopriors are Laplace approximations (:func:`laplace_pseudopriors`)
@@ -893,7 +899,8 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
     start NUTS's mass matrix (:func:`pymc_steps`); the rest is the real-data
     pipeline: adjusted prior from a pilot, then our steps, the same steps with
     ``bound="exact"``, and PyMC's steps, two chains each from pseudoprior draws.
-    Writes ``arch_sim_table.md``, ``arch_sim_runs.json`` and ``arch_sim_q.png``.
+    Writes ``arch_sim_table.md``, ``arch_sim_runs.json`` and ``arch_sim_q.png``, and with
+    ``save`` each run's trace as NetCDF in that directory.
     """
     clock = time.perf_counter()
     draws, tune, pilot = knobs["draws"], knobs["tune"], knobs["pilot"]
@@ -934,12 +941,19 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
         split[label] = timer.seconds
         costs[label] = race_costs(idata, n_obs)
         print(label, split[label], costs[label], flush=True)
+        if save is not None:
+            save.mkdir(parents=True, exist_ok=True)
+            idata.to_netcdf(save / f"arch_sim_{kind}.nc")
     set_bound(steps, "normal")
     with model:
         baseline = pymc_steps(model, pseudo)
     label = "PyMC: CategoricalGibbsMetropolis + NUTS"
     pymc_draws, pymc_tune = knobs["pymc_draws"], knobs["pymc_tune"]
     runs[label] = ("pymc", [run("pymc", model, baseline, pymc_draws, pymc_tune, 3, start)])
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        for kind, [(idata, _)] in runs.values():
+            idata.to_netcdf(save / f"arch_sim_{kind}.nc")
     notes = {
         "n_obs": n_obs,
         "draws": draws,
@@ -982,6 +996,12 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
         )
     extra = "\nWhere our steps' time and terms go (kept draws; seconds include tuning):\n\n"
     extra += "\n".join(rows) + "\n"
+    by_order = costs["racing (ours)"]["mh_fraction_by_order"]
+    extra += (
+        f"\nOurs: {costs['racing (ours)']['q_raced']:.0%} of the q draws raced (the rest decided "
+        "exactly after races that gave up); share of 2N read per MH decision by selected "
+        "order: " + ", ".join(f"q = {k}: {v:.1%}" for k, v in by_order.items()) + ".\n"
+    )
     title = f"ARCH order selection, {n_obs:,} simulated ARCH(15)-t returns"
     report(runs, log_prior_q, n_obs, notes, stem="arch_sim", title=title, extra=extra)
     print(extra)
