@@ -234,3 +234,23 @@ def test_laplace_fit_recovers_a_known_gaussian():
 
     expected = stats.multivariate_normal(mean, cov).logpdf(mean + 0.1)
     assert p["log_norm"] - 0.5 * dev @ dev == pytest.approx(expected, rel=1e-8)
+
+
+def test_loglik_terms_match_the_model_and_residuals_shrink_with_the_step():
+    """The NumPy terms are the model's likelihood; expansion residuals are third order."""
+    from scipy import stats
+
+    r, lags = arch.lagged_squares(arch.simulate_arch(0.5, [0.2, 0.1], 8.0, 500, seed=3))
+    order = 5
+    z = arch.initial_z(order)
+    alpha = arch.SCALE * np.logaddexp(0.0, z / arch.SCALE)
+    sigma = np.sqrt(alpha[0] + lags[:, :order] @ alpha[1:-1])
+    expected = stats.t(df=alpha[-1] + 2, scale=sigma).logpdf(r)
+    np.testing.assert_allclose(arch.loglik_terms(z, order, r, lags), expected, rtol=1e-10)
+    cov = np.diag(np.full(order + 2, 1e-4))
+    big = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov}])
+    small = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov / 100}])
+    assert set(big[str(order)]) == {"all", "interior", "raw"}  # no lag beyond 15 at order 5
+    # a tenth of the step: raw changes fall about tenfold, third-order residuals a thousandfold
+    assert small["5"]["raw"] < 0.2 * big["5"]["raw"]
+    assert small["5"]["all"] < 0.01 * big["5"]["all"]
