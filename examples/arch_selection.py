@@ -741,7 +741,6 @@ def main():
     parser.add_argument("--n", type=int, default=N_SIMULATED, help="--simulate: returns")
     parser.add_argument("--draws", type=int, help="--simulate: kept draws per chain")
     parser.add_argument("--tune", type=int, help="--simulate: tuning draws per chain")
-    parser.add_argument("--save-traces", type=Path, help="--simulate: save traces here")
     args = parser.parse_args()
     if args.simulate:
         knobs = dict(SIM_KNOBS)
@@ -751,7 +750,7 @@ def main():
             knobs["pymc_draws"] = min(args.draws, knobs["pymc_draws"])
         if args.tune:
             knobs["pymc_tune"] = min(args.tune, knobs["pymc_tune"])
-        main_simulate(args.n, knobs, args.save_traces)
+        main_simulate(args.n, knobs)
         return
     draws, tune, pilot, pilot_nuts = (300, 200, 200, 400) if args.quick else (1000, 1000, 1000, 500)
     clock = time.perf_counter()
@@ -957,7 +956,7 @@ def expansion_residuals(
     return out
 
 
-def main_simulate(n_obs: int, knobs: dict, save: Path | None = None) -> None:
+def main_simulate(n_obs: int, knobs: dict) -> None:
     """Run the ``--simulate`` variant: the same pipeline on a simulated ARCH(15)-t series.
 
     The pseudopriors are Laplace approximations (:func:`laplace_pseudopriors`)
@@ -965,8 +964,7 @@ def main_simulate(n_obs: int, knobs: dict, save: Path | None = None) -> None:
     start NUTS's mass matrix (:func:`pymc_steps`); the rest is the real-data
     pipeline: adjusted prior from a pilot, then our steps, the same steps with
     ``bound="exact"``, and PyMC's steps, two chains each from pseudoprior draws.
-    Writes ``arch_sim_table.md``, ``arch_sim_runs.json`` and ``arch_sim_q.png``, and with
-    ``save`` each run's trace as NetCDF in that directory.
+    Writes ``arch_sim_table.md``, ``arch_sim_runs.json`` and ``arch_sim_q.png``.
     """
     clock = time.perf_counter()
     draws, tune, pilot = knobs["draws"], knobs["tune"], knobs["pilot"]
@@ -1009,19 +1007,12 @@ def main_simulate(n_obs: int, knobs: dict, save: Path | None = None) -> None:
         split[label] = timer.seconds
         costs[label] = race_costs(idata, n_obs)
         print(label, split[label], costs[label], flush=True)
-        if save is not None:
-            save.mkdir(parents=True, exist_ok=True)
-            idata.to_netcdf(save / f"arch_sim_{kind}.nc")
     set_bound(steps, "normal")
     with model:
         baseline = pymc_steps(model, pseudo)
     label = "PyMC: CategoricalGibbsMetropolis + NUTS"
     pymc_draws, pymc_tune = knobs["pymc_draws"], knobs["pymc_tune"]
     runs[label] = ("pymc", [run("pymc", model, baseline, pymc_draws, pymc_tune, 3, start)])
-    if save is not None:
-        save.mkdir(parents=True, exist_ok=True)
-        for kind, [(idata, _)] in runs.values():
-            idata.to_netcdf(save / f"arch_sim_{kind}.nc")
     notes = {
         "n_obs": n_obs,
         "draws": draws,
