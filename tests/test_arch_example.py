@@ -188,3 +188,69 @@ def test_marginal_model_sums_the_product_space_model_over_q():
     [graph] = marginal.replace_rvs_by_values([marginal["log_p_q"]])
     got = marginal.compile_fn(graph)(point)
     np.testing.assert_allclose(got, np.array(joint) - expected, atol=1e-8)
+
+
+def test_simulator_reproduces_its_stationary_variance():
+    """ARCH(2)-t with light tails: the sample variance of r matches kappa a0 / (1 - kappa sum a)."""
+    a0, alpha, nu = 0.5, [0.2, 0.1], 30.0
+    r = arch.simulate_arch(a0, alpha, nu, 200_000, seed=1)
+    assert r.shape == (200_000 + arch.Q_MAX,)
+    v = arch.stationary_variance(a0, alpha, nu)
+    np.testing.assert_allclose(v, 30 / 28 * 0.5 / (1 - 30 / 28 * 0.3))
+    np.testing.assert_allclose(r.var(), v, rtol=0.03)
+    # the lag-1 autocorrelation of r^2 is positive (volatility clusters), that of r is not
+    sq = r**2 - (r**2).mean()
+    assert sq[1:] @ sq[:-1] / (sq @ sq) > 0.1
+    assert abs(np.corrcoef(r[1:], r[:-1])[0, 1]) < 0.01
+    with pytest.raises(ValueError, match="stationary"):
+        arch.stationary_variance(0.1, [0.6, 0.4], 5.0)
+    # the stored real fit is stationary, and the same seed gives the same series
+    assert arch.stationary_variance(arch.SIM_A0, arch.SIM_ALPHA, arch.SIM_NU) > 0
+    np.testing.assert_array_equal(arch.simulated_returns(50), arch.simulated_returns(50))
+
+
+def test_laplace_fit_recovers_a_known_gaussian():
+    """On a Gaussian log density the Laplace fit returns its mean and covariance."""
+    rng = np.random.default_rng(2)
+    d = 5
+    a = rng.normal(size=(d, d))
+    cov = a @ a.T / d + 1e-3 * np.eye(d)  # scales from about 0.03 to 2
+    prec = np.linalg.inv(cov)
+    mean = rng.normal(size=d)
+
+    def logp(x):
+        return float(-0.5 * (x - mean) @ prec @ (x - mean) - 1e4)
+
+    def dlogp(x):
+        return -prec @ (x - mean)
+
+    mode, got, top = arch.laplace_fit(logp, dlogp, np.zeros(d), step=1e-4)
+    np.testing.assert_allclose(mode, mean, atol=1e-6)
+    np.testing.assert_allclose(got, cov, rtol=1e-6, atol=1e-9)
+    assert top == pytest.approx(-1e4)
+    p = arch.gaussian_pseudoprior(3, mode, got)
+    dev = (mean + 0.1 - p["mean"]) @ p["chol_prec"]
+    from scipy import stats
+
+    expected = stats.multivariate_normal(mean, cov).logpdf(mean + 0.1)
+    assert p["log_norm"] - 0.5 * dev @ dev == pytest.approx(expected, rel=1e-8)
+
+
+def test_loglik_terms_match_the_model_and_residuals_shrink_with_the_step():
+    """The NumPy terms are the model's likelihood; expansion residuals are third order."""
+    from scipy import stats
+
+    r, lags = arch.lagged_squares(arch.simulate_arch(0.5, [0.2, 0.1], 8.0, 500, seed=3))
+    order = 5
+    z = arch.initial_z(order)
+    alpha = arch.SCALE * np.logaddexp(0.0, z / arch.SCALE)
+    sigma = np.sqrt(alpha[0] + lags[:, :order] @ alpha[1:-1])
+    expected = stats.t(df=alpha[-1] + 2, scale=sigma).logpdf(r)
+    np.testing.assert_allclose(arch.loglik_terms(z, order, r, lags), expected, rtol=1e-10)
+    cov = np.diag(np.full(order + 2, 1e-4))
+    big = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov}])
+    small = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov / 100}])
+    assert set(big[str(order)]) == {"all", "interior", "raw"}  # no lag beyond 15 at order 5
+    # a tenth of the step: raw changes fall about tenfold, third-order residuals a thousandfold
+    assert small["5"]["raw"] < 0.2 * big["5"]["raw"]
+    assert small["5"]["all"] < 0.01 * big["5"]["all"]
