@@ -574,3 +574,11 @@ def test_reused_permutations_keep_the_error_rate_within_delta(shuffle_every):
         table, log_p, trials, np.random.default_rng(29), shuffle_every=shuffle_every
     )
     assert not too_many_errors(errors, trials, 0.05), errors
+
+
+@pytest.mark.parametrize("batch_size", [None, "50", 1, 2.5, float("nan"), True])
+def test_bad_batch_size_is_a_clear_error(batch_size):
+    from pymc_subsample.racing.common import validate_race_args
+
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 2"):
+        validate_race_args(0.05, "normal", batch_size, "pairwise", 2)

@@ -117,9 +117,16 @@ def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
         raise ValueError(f"unknown bound {bound!r}; choose one of {BOUNDS}")
     if variance not in VARIANCES:
         raise ValueError(f"unknown variance {variance!r}; choose one of {VARIANCES}")
-    if int(batch_size) != batch_size or batch_size < 2:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | float | np.integer | np.floating)
+        or not np.isfinite(batch_size)
+        or int(batch_size) != batch_size
+        or batch_size < 2
+    ):
         raise ValueError(
-            f"batch_size must be an integer >= 2 (a variance needs two draws), got {batch_size!r}"
+            f"batch_size must be an integer >= 2 (a variance needs two draws), got "
+            f"{batch_size!r}; the steps also accept 'auto'"
         )
     if int(n_arms) != n_arms or n_arms < 1:
         raise ValueError(f"n_arms must be a positive integer, got {n_arms!r}")
