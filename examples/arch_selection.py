@@ -616,6 +616,26 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     return log_prior_q - log_prior_q.max()
 
 
+def steps_and_pilot(model, pseudo, log_prior_q, pilot: int, *, control_variates: bool):
+    """Build our steps, tune the adjusted prior of q in a pilot and set it in the model.
+
+    Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``.
+    """
+    t0 = time.perf_counter()
+    with model:
+        steps = racing_steps(model, pseudo, control_variates=control_variates)
+    build = time.perf_counter() - t0
+    print(f"our steps built in {build:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
+    with model:
+        pm.set_data({"log_prior_q": log_prior_q})
+    pilot_seconds = time.perf_counter() - t0
+    print(f"pilot in {pilot_seconds:.0f} s", flush=True)
+    print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
+    return steps, log_prior_q, build, pilot_seconds
+
+
 def run(label, model, steps, draws, tune, seed, start):
     """Sample two chains one after the other; return the trace and the seconds taken."""
     t0 = time.perf_counter()
@@ -765,18 +785,9 @@ def main():
     log_prior_q = -(evidence - evidence.max())
     model = product_space_model(r, lags, log_prior_q, pseudo)
     print(f"pseudopriors in {time.perf_counter() - t0:.0f} s", flush=True)
-    t0 = time.perf_counter()
-    with model:
-        steps = racing_steps(model, pseudo, control_variates=not args.quick)
-    build = time.perf_counter() - t0
-    print(f"our steps built in {build:.0f} s", flush=True)
-    t0 = time.perf_counter()
-    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
-    with model:
-        pm.set_data({"log_prior_q": log_prior_q})
-    pilot_seconds = time.perf_counter() - t0
-    print(f"pilot in {pilot_seconds:.0f} s", flush=True)
-    print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
+    steps, log_prior_q, build, pilot_seconds = steps_and_pilot(
+        model, pseudo, log_prior_q, pilot, control_variates=not args.quick
+    )
 
     runs = {
         "racing (ours)": ("ours", []),
@@ -981,18 +992,9 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
     print(f"pseudopriors in {pseudo_seconds:.0f} s", flush=True)
     residuals = expansion_residuals(r, lags, pseudo)
     print("control-variate residual sd per term:", residuals, flush=True)
-    t0 = time.perf_counter()
-    with model:
-        steps = racing_steps(model, pseudo, control_variates=True)
-    build = time.perf_counter() - t0
-    print(f"our steps built in {build:.0f} s", flush=True)
-    t0 = time.perf_counter()
-    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
-    with model:
-        pm.set_data({"log_prior_q": log_prior_q})
-    pilot_seconds = time.perf_counter() - t0
-    print(f"pilot in {pilot_seconds:.0f} s", flush=True)
-    print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
+    steps, log_prior_q, build, pilot_seconds = steps_and_pilot(
+        model, pseudo, log_prior_q, pilot, control_variates=True
+    )
 
     start = starts(pseudo, 2, 100)  # every chain starts at pseudoprior draws, not a mode
     runs, split, costs = {}, {}, {}

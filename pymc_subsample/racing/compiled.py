@@ -180,6 +180,11 @@ def _driver(fn, n_rows: int, n_others: int):
     return _DRIVERS[key]
 
 
+def _no_row_rewards(arms, idx):
+    """Rewards callback of a compiled race's exact pass, which reads only ``totals``."""
+    raise RuntimeError("a compiled race reads its rows itself")
+
+
 class CompiledRewards:
     r"""Rewards computed by a Numba-compiled function of gathered data rows.
 
@@ -297,13 +302,9 @@ class CompiledRace:
         kernel, state, status = self.run(candidates, data, others, rng, offsets)
         if status == DECIDED:
             return kernel.result(state)
-
-        def rows_rewards(arms, idx):  # only the rescue of a race whose survivors are all -inf
-            raise RuntimeError("a compiled race reads its rows itself")
-
         if status == EXACT_PASS:
-            return _exact_pass(kernel, state, rows_rewards, totals)
-        return _rescue(kernel, state, rows_rewards, totals)
+            return _exact_pass(kernel, state, _no_row_rewards, totals)
+        return _rescue(kernel, state, _no_row_rewards, totals)
 
 
 def race_blocks(
