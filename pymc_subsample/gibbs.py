@@ -14,7 +14,7 @@ from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .cost import compiled_look_cost
 from .racing import RaceResult, sample_categorical
-from .racing.compiled import CompiledRace, supports
+from .racing.compiled import DECIDED, CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = [
@@ -38,6 +38,11 @@ MAX_BACKOFF = 64
 BACKOFF_SHARE = 0.8
 #: Races (about) over which that share is averaged (exponential weights 1/8).
 BACKOFF_MEMORY = 8
+#: Draws of Gumbel noise and race seeds the lean path of a lone scalar takes from ``rng``
+#: at a time (one call instead of two per draw).
+LEAN_BUFFER = 64
+#: Back-off key (block element) of a lone scalar.
+LONE_KEY = (0, 0)
 
 
 def _n_categories(model, value_var, initial_point) -> int:
@@ -258,7 +263,9 @@ class SubsampledCategoricalGibbs(RacingStep):
         ]
         self.backoff = bool(backoff)
         self._backoff: dict = {}
+        self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
+        self._constant_f0_has_inf = False
         self._set_control_variates(control_variates)
         self._plan_races(exact_fraction, max(self.n_categories))
         self._plan_compiled()
@@ -350,8 +357,93 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""
-        point = dict(point)
         audit = self._begin_draw()
+        if self._compiled and not audit:
+            drawn = self._lean_step(point)
+            if drawn is not None:
+                return drawn
+        return self._step(dict(point), audit)
+
+    def _lean_step(self, point):
+        r""":meth:`step` of a lone scalar raced compiled, with as little Python as it needs.
+
+        The same draw as the general path (Gumbel-max, race, back-off), for
+        the common case: no audit, every :math:`\log f_0` finite. Returns
+        None, having drawn nothing, when that case does not hold.
+        """
+        terms = self.terms
+        n_obs, n_cat = terms.n_obs, self.n_categories[0]
+        values = self._values[0]
+        log_f0 = self._constant_f0
+        if log_f0 is None:
+            log_f0 = terms.log_f0([values], point)
+            if not np.isfinite(log_f0).all():  # the Python race handles -inf candidates
+                return None
+            if terms.log_f0_is_constant:  # the same at every draw
+                self._constant_f0, self._constant_f0_has_inf = log_f0, False
+        elif self._constant_f0_has_inf:
+            return None
+        noise = self._lean_random(n_cat)
+        n_raced = 0
+        if self.decides_exactly or self._backing_off(LONE_KEY):
+            totals = self._lone_totals(point)
+            value, res = self._exact_draw(log_f0, totals, noise, n_obs)
+            n_evals, n_rounds, exhausted = res.n_evaluations, res.n_rounds, res.exhausted
+        else:
+            n_raced = 1
+            race = self._compiled_race
+            offsets = (log_f0 + noise) / n_obs
+            status = race.launch(
+                values, terms.permuted_rows(), tuple(terms.other_arrays(point)),
+                self._lean_seed(), offsets,
+            )  # fmt: skip
+            if status == DECIDED:
+                value, n_evals, n_rounds = race.winner, race.n_evaluations, race.n_rounds
+                exhausted = False
+            else:
+                res = race.finish(status, offsets, self._lone_totals(point))
+                value, n_evals, n_rounds = res.winner, res.n_evaluations, res.n_rounds
+                exhausted = res.exhausted
+            if self.backoff:  # it did not pay: most candidates went to the exact pass
+                self._after_race(LONE_KEY, n_evals >= 0.5 * n_obs * n_cat)
+        point = dict(point)
+        point[self.vars[0].name] = np.array(values[value])
+        budget = n_obs * n_cat
+        stats = {
+            "n_evals": n_evals,
+            "frac_evals": n_evals / budget,
+            "n_rounds": n_rounds,
+            "exhausted": exhausted,
+            "n_raced": n_raced,
+            "audit_agree": AUDIT_NOT_RUN,
+        }
+        return point, [stats]
+
+    def _lone_totals(self, point):
+        """``totals(arms)`` of a lone scalar: each value's sum of terms in one fused pass."""
+        values = self._values[0]
+        return lambda arms: self.terms.loglik_sum([values[arms]], point)
+
+    def _lean_random(self, n_cat: int) -> np.ndarray:
+        """Next Gumbel noise of the lean path (drawn from ``rng`` in bulk, with the seeds)."""
+        at = self._lean_at
+        if at >= LEAN_BUFFER:
+            self._lean_noise = self.rng.gumbel(size=(LEAN_BUFFER, n_cat))
+            at = 0
+        self._lean_at = at + 1
+        return self._lean_noise[at]
+
+    def _lean_seed(self) -> np.ndarray:
+        """Next SplitMix64 seed of a lean race (drawn from ``rng`` in bulk)."""
+        at = self._lean_seed_at
+        if at >= LEAN_BUFFER:
+            self._lean_seeds = self.rng.bit_generator.random_raw(LEAN_BUFFER)
+            at = 0
+        self._lean_seed_at = at + 1
+        return self._lean_seeds[at : at + 1]
+
+    def _step(self, point, audit):
+        """Redraw every element of the block, the general way (audits, control variates)."""
         if self.control_variates and getattr(self, "_renew_on_next_draw", False):
             self._renew_reference(point)
             self._renew_on_next_draw = False
@@ -373,6 +465,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                         log_f0 = terms.log_f0(cands, point)
                         if terms.log_f0_is_constant:  # the same at every draw
                             self._constant_f0 = log_f0
+                            self._constant_f0_has_inf = not np.isfinite(log_f0).all()
                     else:
                         log_f0 = self._constant_f0
                 else:
@@ -557,6 +650,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         """Reset per-chain state, the back-off included."""
         super().setup_chain(rng, tune, draws)
         self._backoff = {}
+        self._lean_at = self._lean_seed_at = LEAN_BUFFER
 
     def _residual_race(self, j, k, cands, point, log_f0):
         """Callbacks and offsets of a race on the expansion's residuals (raw if unusable)."""

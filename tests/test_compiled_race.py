@@ -109,14 +109,56 @@ def large_selector():
     return model, q
 
 
+class _SameDraws(np.random.Generator):
+    """A stand-in for ``rng`` that serves the lean path's bulk draws one at a time.
+
+    The compiled step's lean path takes its Gumbel noise and its race seeds
+    from ``rng`` in blocks of :data:`~pymc_subsample.gibbs.LEAN_BUFFER`, each
+    when it runs out; the general path takes one noise per draw and one seed
+    per race. Fed this object, the general path sees the same noise and seeds
+    as a lean path fed ``np.random.default_rng(seed)``.
+    """
+
+    def __init__(self, seed, n_cat):
+        from pymc_subsample.gibbs import LEAN_BUFFER
+
+        super().__init__(np.random.PCG64(0))
+        self._rng, self._n_cat, self._size = np.random.default_rng(seed), n_cat, LEAN_BUFFER
+        self._noise, self._seeds, self.n_noise, self.n_seeds = [], [], 0, 0
+
+    @property
+    def bit_generator(self):
+        return self
+
+    def gumbel(self, size):
+        assert size == self._n_cat
+        if self.n_noise >= len(self._noise):
+            self._noise += list(self._rng.gumbel(size=(self._size, self._n_cat)))
+        self.n_noise += 1
+        return self._noise[self.n_noise - 1]
+
+    def random_raw(self):
+        if self.n_seeds >= len(self._seeds):
+            self._seeds += list(self._rng.bit_generator.random_raw(self._size))
+        self.n_seeds += 1
+        return int(self._seeds[self.n_seeds - 1])
+
+
 def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
+    """The lean compiled step and the general Python step make the same draws.
+
+    Same noise, same race seeds (:class:`_SameDraws`): the same values, terms
+    and looks at each of 150 draws that drop, give up and decide.
+    """
     model, q = large_selector
     settings = {"batch_size": 400, "exact_fraction": 0.1, "audit_every": 0}
     with model:
-        compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)
+        compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)  # the same row permutation
         python = SubsampledCategoricalGibbs([q], rng=5, **settings)
     assert compiled._compiled
     python._compiled = False
+    compiled.rng = np.random.default_rng(5)
+    python.rng = _SameDraws(5, compiled.n_categories[0])
     point = model.initial_point()
     point["slope"] = np.asarray(0.5)
     draws = {}
@@ -126,6 +168,7 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
             p, stats = step.step(p)
             record.append((int(p["q"]), stats[0]["n_evals"], stats[0]["n_rounds"]))
         draws[name] = record
+    assert python.rng.n_noise == 150 and python.rng.n_seeds > 0  # drawn through the feed
     assert draws["compiled"] == draws["python"]
     values = np.array([r[0] for r in draws["compiled"]])
     assert len(np.unique(values)) > 1  # a real spread: races that drop, give up and decide
@@ -162,3 +205,53 @@ def test_auto_plan_is_timed_on_compiled_looks(large_selector):
     assert a >= 0.0 and b > 0.0
     # a compiled look's fixed cost is far below a Python look's (tens of microseconds)
     assert a < 50e-6
+
+
+@pytest.fixture(scope="module")
+def tied_selector():
+    """Three values with identical terms (weighted by the prior), two far off: early races."""
+    rng = np.random.default_rng(4)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(0.0, 1.0, size=150_000))
+        q = pm.Categorical("q", p=np.array([0.1, 0.3, 0.2, 0.2, 0.2]))
+        mus = pt.as_tensor(np.array([0.0, 0.0, 0.0, 0.02, 0.3]))
+        pm.Normal("y", mus[q], 1.0, observed=y_data)
+    return model, q
+
+
+@pytest.mark.parametrize("case", ["diffuse", "tied"])
+def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_selector, case):
+    """The lean path's draws (no audits, no back-off) follow the conditional by enumeration.
+
+    "diffuse": three values share the mass with log-likelihoods about a nat
+    apart, so most races end in the exact pass. "tied": three values have the
+    same terms (zero variance of their differences) and only the Gumbel noise
+    and the prior separate them, so races decide after a look or two. delta =
+    0.01, so that a chi-square on 1,500 draws would see an error of the default
+    0.05 in total variation.
+    """
+    from test_gibbs import assert_matches, draw_many, exact_conditional
+
+    model, q = large_selector if case == "diffuse" else tied_selector
+    point = model.initial_point()
+    if case == "diffuse":
+        point["slope"] = np.asarray(0.5)
+    probs = exact_conditional(model, "q", 5, point)
+    assert probs.max() < 0.6 and np.sort(probs)[-3] > 0.05
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q],
+            rng=11,
+            delta=0.01,
+            audit_every=0,
+            backoff=False,
+            batch_size=400,
+            exact_fraction=0.4,
+        )
+    assert step._compiled
+    draws, st = draw_many(step, point, 1500, "q")
+    assert_matches(draws, probs, 5)
+    assert hasattr(step, "_lean_noise")  # the lean path drew them
+    assert all(s["n_raced"] == 1 for s in st)
+    early = sum(s["n_evals"] < 0.5 * 5 * step.terms.n_obs for s in st)
+    assert early > (500 if case == "tied" else 0), early  # races decided on a subsample

@@ -46,9 +46,12 @@ __all__ = ["CompiledRace", "CompiledRewards", "race_blocks", "race_compiled", "s
 DECIDED, EXACT_PASS, ALL_MINUS_INF, NAN_REWARD, POSINF_REWARD = range(5)
 
 _TEMPLATE = """
-def driver(cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshold,
-           floor_range, offsets, pairwise, guard, cantelli, give_up, t_last, factor_last,
-           floor_last):
+def driver(cand, {args}, bits, seed, ints, reals, looks, offsets, out_alive, out_reals,
+           out_ints):
+    n_blocks, block, n_obs, t_last = ints[0], ints[1], ints[2], ints[3]
+    pairwise, guard, give_up = ints[4] != 0, ints[5] != 0, ints[6] != 0
+    threshold, floor_range, cantelli = reals[0], reals[1], reals[2]
+    factor_last, floor_last = reals[3], reals[4]
     d = len(offsets)
     alive = np.arange(d)
     mean = np.zeros(d)
@@ -140,8 +143,20 @@ def driver(cand, {args}, bits, seed, n_blocks, block, n_obs, looks, threshold,
             if stuck > 0 and 2 * (stuck + 1) >= len(alive):
                 break
     _unmark(bits, drawn[:nd])
-    return (status, alive, n_drawn, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds,
-            winner)
+    na = len(alive)
+    out_alive[:na] = alive
+    out_reals[0, :na] = mean
+    out_reals[1, :na] = dmean
+    out_reals[2, :na] = m2
+    out_reals[3, :] = means
+    out_ints[0] = na
+    out_ints[1] = n_drawn
+    out_ints[2] = ref
+    out_ints[3] = n_ref
+    out_ints[4] = n_evals
+    out_ints[5] = n_rounds
+    out_ints[6] = winner
+    return status
 """
 
 _DRIVERS: dict[tuple, object] = {}
@@ -255,14 +270,70 @@ class CompiledRace:
         bound = kernel.bound
         t_last = kernel._t_last
         factor_last, floor_last = kernel._widths.get(t_last, (0.0, 0.0))
-        self._settings = (
-            self.n_blocks, BLOCK_ROWS, self.n_obs,
-            np.asarray(kernel.look_sizes[:-1], dtype=np.int64), float(bound.threshold),
-            -1.0 if bound.floor_range is None else float(bound.floor_range),
+        # settings packed in two arrays: fewer arguments for Numba to type at each call
+        self._ints = np.array(
+            [self.n_blocks, BLOCK_ROWS, self.n_obs, t_last,
+             kernel.pairwise, kernel._guard, kernel.can_give_up],
+            dtype=np.int64,
         )  # fmt: skip
-        self._tail = (
-            kernel.pairwise, kernel._guard, float(kernel._cantelli), kernel.can_give_up,
-            t_last, float(factor_last), float(floor_last),
+        floor_range = -1.0 if bound.floor_range is None else float(bound.floor_range)
+        self._reals = np.array(
+            [bound.threshold, floor_range, kernel._cantelli, factor_last, floor_last], dtype=float
+        )
+        self._looks = np.asarray(kernel.look_sizes[:-1], dtype=np.int64)
+        # the driver writes the race's state here (returning arrays would box them)
+        d = int(n_arms)
+        self._out_alive = np.zeros(d, dtype=np.int64)
+        self._out_reals = np.zeros((4, d))
+        self._out_ints = np.zeros(7, dtype=np.int64)
+
+    def launch(
+        self,
+        candidates: np.ndarray,
+        data: tuple,
+        others: tuple,
+        seed: np.ndarray,
+        offsets: np.ndarray,
+    ) -> int:
+        """Run the subsampled looks from the SplitMix64 state ``seed``; return the status.
+
+        The lean entry point of :meth:`run`: when the status is
+        :data:`DECIDED`, :attr:`winner`, :attr:`n_evaluations` and
+        :attr:`n_rounds` tell the outcome, and :meth:`state` builds the full
+        state otherwise.
+        """
+        bits = claim_bitmap(self.n_blocks)[0]  # the driver unmarks its own draws when done
+        status = self._driver(
+            candidates, *data, *others, bits, seed, self._ints, self._reals, self._looks,
+            offsets, self._out_alive, self._out_reals, self._out_ints,
+        )  # fmt: skip
+        if status in (NAN_REWARD, POSINF_REWARD):  # the shared check raises the usual error
+            check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
+        return status
+
+    @property
+    def winner(self) -> int:
+        """Arm returned by the last launch (−1 when it did not decide)."""
+        return int(self._out_ints[6])
+
+    @property
+    def n_evaluations(self) -> int:
+        """Rewards evaluated by the last launch."""
+        return int(self._out_ints[4])
+
+    @property
+    def n_rounds(self) -> int:
+        """Looks made by the last launch."""
+        return int(self._out_ints[5])
+
+    def state(self) -> RaceState:
+        """Return the :class:`~pymc_subsample.racing.race.RaceState` after the last launch."""
+        na, n_drawn, ref, n_ref, n_evals, n_rounds, winner = self._out_ints.tolist()
+        reals = self._out_reals
+        return RaceState(
+            self._out_alive[:na].copy(), n_drawn, reals[0, :na].copy(), ref, n_ref,
+            reals[1, :na].copy(), reals[2, :na].copy(), reals[3].copy(), n_evals, n_rounds,
+            winner,
         )  # fmt: skip
 
     def run(
@@ -279,15 +350,17 @@ class CompiledRace:
         order of the rows); ``kernel`` is the race's kernel with ``offsets``,
         to end the race with.
         """
-        bits = claim_bitmap(self.n_blocks)[0]  # the driver unmarks its own draws when done
-        out = self._driver(
-            candidates, *data, *others, bits, new_seed(rng), *self._settings, offsets,
-            *self._tail,
-        )  # fmt: skip
-        status = int(out[0])
-        if status in (NAN_REWARD, POSINF_REWARD):  # the shared check raises the usual error
-            check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
-        return self.kernel.with_offsets(offsets), RaceState(*out[1:]), status
+        status = self.launch(candidates, data, others, new_seed(rng), offsets)
+        return self.kernel.with_offsets(offsets), self.state(), status
+
+    def finish(self, status: int, offsets: np.ndarray, totals: TotalsFn) -> RaceResult:
+        """End the race of the last launch: its result, exact pass or rescue through ``totals``."""
+        kernel, state = self.kernel.with_offsets(offsets), self.state()
+        if status == DECIDED:
+            return kernel.result(state)
+        if status == EXACT_PASS:
+            return _exact_pass(kernel, state, _no_row_rewards, totals)
+        return _rescue(kernel, state, _no_row_rewards, totals)
 
     def __call__(
         self,
@@ -298,13 +371,9 @@ class CompiledRace:
         offsets: np.ndarray,
         totals: TotalsFn,
     ) -> RaceResult:
-        """Run a whole race: :meth:`run`, then its exact pass or rescue (:func:`race_compiled`)."""
-        kernel, state, status = self.run(candidates, data, others, rng, offsets)
-        if status == DECIDED:
-            return kernel.result(state)
-        if status == EXACT_PASS:
-            return _exact_pass(kernel, state, _no_row_rewards, totals)
-        return _rescue(kernel, state, _no_row_rewards, totals)
+        """Run a whole race: :meth:`launch`, then :meth:`finish` (:func:`race_compiled`)."""
+        status = self.launch(candidates, data, others, new_seed(rng), offsets)
+        return self.finish(status, offsets, totals)
 
 
 def race_blocks(
