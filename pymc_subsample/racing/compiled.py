@@ -119,9 +119,12 @@ def driver(cand, {args}, bits, seed, ints, reals, looks, offsets, out_alive, out
         if status >= 2:
             n_drawn = size
             break
-        mean, lead, n_ref, dmean, m2, keep = out
+        stats, lead, n_ref, n_keep, keep = out
+        mean = stats[0]
+        dmean = stats[1]
+        m2 = stats[2]
         ref = lead if pairwise else -1
-        if len(alive) > 1 and not keep.all():
+        if len(alive) > 1 and n_keep < len(alive):
             off = offsets[alive]
             for i in range(len(alive)):
                 if not keep[i]:

@@ -422,11 +422,12 @@ class SharedRace:
 
     def _drop(self, state: RaceState, out: tuple, size: int, n_evals: int, n_rounds: int):
         """Apply a :func:`~pymc_subsample.racing.kernels.look_normal` verdict to the state."""
-        mean, lead, n_ref, dmean, m2, keep = out
+        stats, lead, n_ref, n_keep, keep = out
+        mean, dmean, m2 = stats
         alive = state.alive
         ref = lead if self.pairwise else -1
         means = state.means
-        if len(alive) > 1 and not keep.all():
+        if n_keep < len(alive) and len(alive) > 1:
             offsets = self.offsets[alive]
             gone = ~keep
             means = means.copy()
@@ -447,7 +448,9 @@ class SharedRace:
             (mean, lead, m2, keep, _), n_ref, dmean = out, state.n_ref, state.dmean
         if len(state.alive) > 1:
             keep = self._ebs_keep(batch, mean + self.offsets[state.alive], lead, m2, n_ref, size)
-        return self._drop(state, (mean, lead, n_ref, dmean, m2, keep), size, n_evals, n_rounds)
+        stats = np.stack([mean, dmean, m2])
+        n_keep = int(np.count_nonzero(keep))
+        return self._drop(state, (stats, lead, n_ref, n_keep, keep), size, n_evals, n_rounds)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
