@@ -108,7 +108,8 @@ def compiled_look_cost(
     Times :class:`~pymc_subsample.racing.compiled.CompiledRace` races of
     identical arms (copies of the first candidate, so that none drops): one
     look on a small and on a large batch, for :math:`b`, and nine small
-    looks, for :math:`a`: the cost a
+    looks, for :math:`a` (each the fastest of 15 calls, the three timed in
+    turn, so that a passing load does not skew one of them): the cost a
     further look adds inside the compiled driver, without the race's own
     call (a race costs :math:`c + L\,a + b\,T` for :math:`L` looks on
     :math:`T` rows, and :math:`c`, paid once, does not depend on the first
@@ -135,16 +136,26 @@ def compiled_look_cost(
     offsets = np.zeros(len(candidates))
     same = np.repeat(np.asarray(candidates)[:1], len(candidates), axis=0)  # no arm ever drops
     small, large, looks = 128, int(min(max(n_obs // 8, 256), 8192)), 9
-
-    def seconds(schedule) -> float:
-        config = RaceConfig(schedule=(*schedule, n_obs), batches="blocks")
-        race = CompiledRace(rewards, config, len(candidates), n_obs, len(others))
-        return median_seconds(
-            lambda: race.run(same, rewards.data, others, rng, offsets), repeats=15
-        )
-
-    one_small, one_large = seconds((small,)), seconds((large,))
-    several = seconds(tuple(small * (k + 1) for k in range(looks)))
+    races = [
+        CompiledRace(
+            rewards,
+            RaceConfig(schedule=(*schedule, n_obs), batches="blocks"),
+            len(candidates),
+            n_obs,
+            len(others),
+        )  # fmt: skip
+        for schedule in ((small,), (large,), tuple(small * (k + 1) for k in range(looks)))
+    ]
+    # the three races timed in turn, the fastest of 15 calls each: a load that comes and
+    # goes (another job on the machine) slows all three alike, or is not seen at all
+    best = np.full(len(races), np.inf)
+    for k in range(16):
+        for i, race in enumerate(races):
+            t0 = time.perf_counter()
+            race.run(same, rewards.data, others, rng, offsets)
+            if k:  # the first round warms up
+                best[i] = min(best[i], time.perf_counter() - t0)
+    one_small, one_large, several = best
     b = max((one_large - one_small) / (large - small), 0.0)
     a = max((several - one_small) / (looks - 1) - b * small, 0.0)
     return a, b
