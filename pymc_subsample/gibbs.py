@@ -393,12 +393,10 @@ class SubsampledCategoricalGibbs(RacingStep):
             n_raced = 1
             race = self._compiled_race
             offsets = (log_f0 + noise) / n_obs
-            status = race.launch(
-                values, terms.permuted_rows(), tuple(terms.other_arrays(point)),
-                self._lean_seed(), offsets,
-            )  # fmt: skip
+            others = tuple(terms.other_arrays(point)) if self._lean_others else ()
+            status = race.launch(values, terms.permuted_rows(), others, self._lean_seed(), offsets)
             if status == DECIDED:
-                value, n_evals, n_rounds = race.winner, race.n_evaluations, race.n_rounds
+                value, n_evals, n_rounds = race.outcome()
                 exhausted = False
             else:
                 res = race.finish(status, offsets, self._lone_totals(point))
@@ -561,6 +559,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._compiled = self._compiled_applies()
         if not self._compiled:
             return
+        self._lean_others = bool(others)  # the lean path reads the other inputs at each draw
         # compile the driver before sampling (a second or two, once)
         self._compiled_race = CompiledRace(
             terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)

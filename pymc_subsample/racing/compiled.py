@@ -301,9 +301,8 @@ class CompiledRace:
         """Run the subsampled looks from the SplitMix64 state ``seed``; return the status.
 
         The lean entry point of :meth:`run`: when the status is
-        :data:`DECIDED`, :attr:`winner`, :attr:`n_evaluations` and
-        :attr:`n_rounds` tell the outcome, and :meth:`state` builds the full
-        state otherwise.
+        :data:`DECIDED`, :meth:`outcome` tells the winner, evaluations and
+        looks, and :meth:`state` builds the full state otherwise.
         """
         bits = claim_bitmap(self.n_blocks)[0]  # the driver unmarks its own draws when done
         status = self._driver(
@@ -314,20 +313,10 @@ class CompiledRace:
             check_reward_values(np.array([np.nan if status == NAN_REWARD else np.inf]))
         return status
 
-    @property
-    def winner(self) -> int:
-        """Arm returned by the last launch (−1 when it did not decide)."""
-        return int(self._out_ints[6])
-
-    @property
-    def n_evaluations(self) -> int:
-        """Rewards evaluated by the last launch."""
-        return int(self._out_ints[4])
-
-    @property
-    def n_rounds(self) -> int:
-        """Looks made by the last launch."""
-        return int(self._out_ints[5])
+    def outcome(self) -> tuple[int, int, int]:
+        """Return ``(winner, n_evaluations, n_rounds)`` of the last launch (winner −1 if none)."""
+        _, _, _, _, n_evals, n_rounds, winner = self._out_ints.tolist()
+        return winner, n_evals, n_rounds
 
     def state(self) -> RaceState:
         """Return the :class:`~pymc_subsample.racing.race.RaceState` after the last launch."""
