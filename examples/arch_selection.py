@@ -1158,12 +1158,10 @@ def report(
     :func:`evaluations`), one pair per repeat of that run; ``title`` heads the
     figure, ``extra`` (markdown) is appended to the table. With exact-steps runs
     among them, each run's :func:`terms_to_converge` to their pooled estimate
-    (:func:`reference_log_posterior`) at each of ``CONVERGE_TOL`` is in the JSON,
-    the first tolerance's (and the second's too if some run never settles within
-    the first) in the table, with each sampler's mean over repeats divided by the
-    exact steps'. Returns the summary written to the JSON file.
+    (:func:`reference_log_posterior`) at each of ``CONVERGE_TOL`` is in the JSON
+    (None: never settled), summarised by :func:`convergence` and
+    :func:`write_table`. Returns the summary written to the JSON file.
     """
-    params = ("nu", "alpha0", "persistence")
     reference = reference_log_posterior(runs, log_prior_q)
     summary = {"notes": notes, "runs": {}}
     for label, (kind, repeats) in runs.items():
@@ -1176,7 +1174,6 @@ def report(
                     for tol in CONVERGE_TOL
                 }
         summary["runs"][label] = sums
-    tols = []
     if reference is not None:
         summary["reference"] = {
             "log_posterior": reference.tolist(),
@@ -1184,29 +1181,112 @@ def report(
             "tolerances": list(CONVERGE_TOL),
             "min_posterior": CONVERGE_MIN_P,
         }
-        every = [x for sums in summary["runs"].values() for x in sums]
-        settled = all(np.isfinite(x["terms_to_converge"][str(CONVERGE_TOL[0])]) for x in every)
-        tols = list(CONVERGE_TOL[:1] if settled else CONVERGE_TOL)
-        exact = [
-            x for label, (k, _) in runs.items() if k == "exact" for x in summary["runs"][label]
-        ]
-        summary["converge_ratio"] = {}
-        for label, sums in summary["runs"].items():
-            summary["converge_ratio"][label] = {
-                str(tol): float(
-                    np.mean([x["terms_to_converge"][str(tol)] for x in sums])
-                    / np.mean([x["terms_to_converge"][str(tol)] for x in exact])
-                )
-                for tol in CONVERGE_TOL
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_table(summary, {label: kind for label, (kind, _) in runs.items()}, n_obs, stem, extra)
+    (OUT / f"{stem}_runs.json").write_text(json.dumps(_without_nan(summary), indent=1))
+    if title is None:
+        title = f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018"
+    figure(runs, summary, log_prior_q, n_obs, stem, title)
+    return summary
+
+
+def convergence(summary: dict, kinds: dict[str, str]) -> dict:
+    """Summarise each sampler's :func:`terms_to_converge` over its runs, against the exact steps'.
+
+    Parameters
+    ----------
+    summary : dict
+        The report's summary (or its JSON file read back): ``summary["runs"][label]``
+        is a list of per-run dicts with ``terms_to_converge`` (tolerance as a
+        string to terms, NaN or None for a run that never settled).
+    kinds : dict of str to str
+        Label to kind (as in :func:`evaluations`); the ``"exact"`` runs are the yardstick.
+
+    Returns
+    -------
+    dict
+        Label to tolerance (string) to ``settled`` (runs that settled), ``runs``,
+        ``mean`` (over runs; None unless every run settled), ``median`` (an
+        unsettled run counted as never; None if that is the median),
+        ``mean_ratio`` and ``median_ratio`` (divided by the exact steps'; None
+        where either is None).
+    """
+
+    def terms(sums, tol):
+        values = [x["terms_to_converge"][str(tol)] for x in sums]
+        return np.array([np.inf if v is None or np.isnan(v) else v for v in values])
+
+    def defined(value):
+        return float(value) if np.isfinite(value) else None
+
+    def ratio(a, b):
+        return float(a / b) if np.isfinite(a) and np.isfinite(b) else None
+
+    exact = [x for label, kind in kinds.items() if kind == "exact" for x in summary["runs"][label]]
+    out = {}
+    for label, sums in summary["runs"].items():
+        out[label] = {}
+        for tol in CONVERGE_TOL:
+            mine, yardstick = terms(sums, tol), terms(exact, tol)
+            mean, median = np.mean(mine), np.median(mine)
+            out[label][str(tol)] = {
+                "settled": int(np.isfinite(mine).sum()),
+                "runs": len(mine),
+                "mean": defined(mean),
+                "median": defined(median),
+                "mean_ratio": ratio(mean, np.mean(yardstick)),
+                "median_ratio": ratio(median, np.median(yardstick)),
             }
+    return out
+
+
+def write_table(summary: dict, kinds: dict[str, str], n_obs: int, stem: str, extra: str) -> str:
+    """Write ``<stem>_table.md`` from the report's summary; return the table's markdown.
+
+    Parameters
+    ----------
+    summary : dict
+        The report's summary (or its JSON file read back); with a ``reference``
+        entry, :func:`convergence` is added to it as ``convergence``.
+    kinds : dict of str to str
+        Label to kind, as in :func:`evaluations`.
+    n_obs : int
+        Returns modelled.
+    stem : str
+        File name stem under ``OUT``.
+    extra : str
+        Markdown appended after the table's note.
+
+    Returns
+    -------
+    str
+        The table (without its note).
+    """
+    params = ("nu", "alpha0", "persistence")
+    notes = summary["notes"]
+    tols = []
+    if "reference" in summary:
+        summary["convergence"] = convergence(summary, kinds)
+        first = str(CONVERGE_TOL[0])
+        settled = all(
+            c[first]["settled"] == c[first]["runs"] for c in summary["convergence"].values()
+        )
+        tols = list(CONVERGE_TOL[:1] if settled else CONVERGE_TOL)
+
+    def million(value):
+        return "never" if value is None else f"{value / 1e6:,.1f}"
+
+    def times(value):
+        return "–" if value is None else f"{value:.2f}×"
+
     head = (
         "| run | " + " | ".join(f"P(q={q})" for q in Q_GRID)
         + " | ESS(q) | seconds | ESS(q)/s | ESS(q) per 10⁶ terms | terms/draw"
-        + "".join(f" | terms to ±{tol} nats (× exact)" for tol in tols)
+        + "".join(f" | 10⁶ terms to ±{tol} nats: settled; mean, median (× exact)" for tol in tols)
         + " | min ESS/s (ν, α₀, Σα) | audited errors: q, MH |"
     )  # fmt: skip
     rows = [head, "|---" * (len(Q_GRID) + 8 + len(tols)) + "|"]
-    for label, (kind, _) in runs.items():
+    for label, kind in kinds.items():
         sums = summary["runs"][label]
         post = np.mean([x["posterior"] for x in sums], axis=0)
         ess = np.mean([x["ess"]["q"] for x in sums])
@@ -1216,13 +1296,10 @@ def report(
         par = np.mean([min(x["ess"][k] for k in params) / x["seconds"] for x in sums])
         converge = ""
         for tol in tols:
-            values = np.array([x["terms_to_converge"][str(tol)] for x in sums])
-            ratio = summary["converge_ratio"][label][str(tol)]
-            missed = int(np.isnan(values).sum())
+            c = summary["convergence"][label][str(tol)]
             converge += (
-                f" | {np.mean(values):,.0f} ({ratio:.2f})"
-                if not missed
-                else f" | never in {missed} of {len(values)} runs"
+                f" | {c['settled']}/{c['runs']}; {million(c['mean'])} ({times(c['mean_ratio'])}), "
+                f"{million(c['median'])} ({times(c['median_ratio'])})"
             )
         errors = ""
         if kind == "ours":
@@ -1235,8 +1312,7 @@ def report(
         )  # fmt: skip
     table = "\n".join(rows)
     print(table)
-    OUT.mkdir(parents=True, exist_ok=True)
-    reps = len(next(iter(runs.values()))[1])
+    reps = len(next(iter(summary["runs"].values())))
     note = notes.get("table_note") or (
         f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
         f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
@@ -1249,26 +1325,25 @@ def report(
     )
     if tols:
         orders = ", ".join(str(q) for q in summary["reference"]["orders"])
+        n_exact = sum(len(summary["runs"][k]) for k, v in kinds.items() if v == "exact")
         note += (
-            f"\n\nTerms to ±tol: likelihood terms evaluated (kept draws, chains one after the "
-            f"other) until the running estimate of log P(q | r) for q = {orders} (the orders "
-            f"with P(q) ≥ {CONVERGE_MIN_P} in the reference) stays within tol nats of the "
+            f"\n\nTerms to ±tol: millions of likelihood terms evaluated (kept draws, chains one "
+            f"after the other) until the running estimate of log P(q | r) for q = {orders} (the "
+            f"orders with P(q) ≥ {CONVERGE_MIN_P} in the reference) stays within tol nats of the "
             f"reference to the end of the run; the reference is the pooled final estimate of "
-            f"the {len(exact)} exact-steps run(s), all their draws together. Mean over runs; "
-            f"in brackets that mean divided by the exact steps' (below 1: fewer terms). "
+            f"the {n_exact} exact-steps run(s), all their draws together. Settled: runs that "
+            f"end within tol; mean over runs (never: some run did not settle), median over runs "
+            f"(a run that did not settle counts as never); in brackets divided by the exact "
+            f"steps' (below 1: fewer terms; –: undefined). "
             + (
                 f"Tolerance {CONVERGE_TOL[0]} nats: every run settled."
                 if len(tols) == 1
                 else f"Tolerance {CONVERGE_TOL[0]} nats, and {CONVERGE_TOL[1]} nats because "
-                f"some run never settled within {CONVERGE_TOL[0]}."
+                f"some run did not settle within {CONVERGE_TOL[0]}."
             )
         )
     (OUT / f"{stem}_table.md").write_text(table + "\n\n" + note + "\n" + extra)
-    (OUT / f"{stem}_runs.json").write_text(json.dumps(_without_nan(summary), indent=1))
-    if title is None:
-        title = f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018"
-    figure(runs, summary, log_prior_q, n_obs, stem, title)
-    return summary
+    return table
 
 
 def _without_nan(value):
