@@ -746,6 +746,79 @@ def running_log_posterior(idata, n_obs, kind, log_prior_q) -> tuple[np.ndarray, 
     return evals, log_w - np.log(np.exp(log_w).sum(axis=1, keepdims=True))
 
 
+#: Tolerances (nats in log P(q | r)) of :func:`terms_to_converge`: the first is the
+#: report's; the second is reported too when some run never settles within the first.
+CONVERGE_TOL = (0.1, 0.25)
+#: Orders whose reference posterior is at least this enter :func:`terms_to_converge`.
+CONVERGE_MIN_P = 0.05
+
+
+def reference_log_posterior(runs: dict, log_prior_q) -> np.ndarray | None:
+    r"""Pooled final estimate of :math:`\log P(q \mid r)` of the exact-steps runs.
+
+    Parameters
+    ----------
+    runs : dict
+        Label to ``(kind, [(idata, seconds), ...])``, as :func:`report` takes it.
+    log_prior_q : array_like
+        The adjusted log prior of q that every run sampled under.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        :math:`\log P(q \mid r)` per order from the q draws of every ``kind ==
+        "exact"`` run pooled (all repeats, all chains), or None without such runs.
+    """
+    draws = [
+        idata.posterior["q"].values.ravel()
+        for kind, repeats in runs.values()
+        if kind == "exact"
+        for idata, _ in repeats
+    ]
+    if not draws:
+        return None
+    with np.errstate(divide="ignore"):
+        return np.log(q_posterior(np.concatenate(draws), log_prior_q))
+
+
+def terms_to_converge(
+    evals: np.ndarray, log_p: np.ndarray, reference: np.ndarray, tol: float
+) -> float:
+    r"""Likelihood terms evaluated until the running log P(q) stays within ``tol`` of a reference.
+
+    The run converges at the first draw from which on, to the end of the run,
+    every order of interest has :math:`|\log\hat P_t(q) - \log P_{\rm ref}(q)|
+    \le` ``tol``; the orders of interest are those with reference posterior at
+    least ``CONVERGE_MIN_P``. An order not yet visited (estimate :math:`-\infty`)
+    is outside.
+
+    Parameters
+    ----------
+    evals : numpy.ndarray
+        Cumulative terms evaluated at each kept draw, shape ``(T,)``
+        (:func:`running_log_posterior`).
+    log_p : numpy.ndarray
+        Running estimates of log P(q | r), shape ``(T, len(Q_GRID))``.
+    reference : numpy.ndarray
+        Reference log P(q | r), shape ``(len(Q_GRID),)``
+        (:func:`reference_log_posterior`).
+    tol : float
+        Tolerance in nats.
+
+    Returns
+    -------
+    float
+        ``evals`` at that draw, or NaN if the run ends outside the tolerance.
+    """
+    top = np.exp(reference) >= CONVERGE_MIN_P
+    with np.errstate(invalid="ignore"):
+        inside = (np.abs(log_p[:, top] - reference[top]) <= tol).all(axis=1)
+    if not inside[-1]:
+        return float("nan")
+    outside = np.flatnonzero(~inside)
+    return float(evals[0] if len(outside) == 0 else evals[outside[-1] + 1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws")
@@ -1083,26 +1156,151 @@ def report(
 
     ``runs`` maps a label to ``(kind, [(idata, seconds), ...])`` (``kind`` as in
     :func:`evaluations`), one pair per repeat of that run; ``title`` heads the
-    figure, ``extra`` (markdown) is appended to the table. Returns the summary
-    written to the JSON file.
+    figure, ``extra`` (markdown) is appended to the table. With exact-steps runs
+    among them, each run's :func:`terms_to_converge` to their pooled estimate
+    (:func:`reference_log_posterior`) at each of ``CONVERGE_TOL`` is in the JSON
+    (None: never settled), summarised by :func:`convergence` and
+    :func:`write_table`. Returns the summary written to the JSON file.
     """
-    params = ("nu", "alpha0", "persistence")
-    head = (
-        "| run | " + " | ".join(f"P(q={q})" for q in Q_GRID)
-        + " | ESS(q) | seconds | ESS(q)/s | ESS(q) per 10⁶ terms | terms/draw"
-        + " | min ESS/s (ν, α₀, Σα) | audited errors: q, MH |"
-    )  # fmt: skip
-    rows = [head, "|---" * (len(Q_GRID) + 8) + "|"]
+    reference = reference_log_posterior(runs, log_prior_q)
     summary = {"notes": notes, "runs": {}}
     for label, (kind, repeats) in runs.items():
         sums = [summarize(i, t, n_obs, kind, log_prior_q) for i, t in repeats]
+        if reference is not None:
+            for x, (idata, _) in zip(sums, repeats, strict=True):
+                evals, log_p = running_log_posterior(idata, n_obs, kind, log_prior_q)
+                x["terms_to_converge"] = {
+                    str(tol): terms_to_converge(evals, log_p, reference, tol)
+                    for tol in CONVERGE_TOL
+                }
         summary["runs"][label] = sums
+    if reference is not None:
+        summary["reference"] = {
+            "log_posterior": reference.tolist(),
+            "orders": [Q_GRID[j] for j in np.flatnonzero(np.exp(reference) >= CONVERGE_MIN_P)],
+            "tolerances": list(CONVERGE_TOL),
+            "min_posterior": CONVERGE_MIN_P,
+        }
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_table(summary, {label: kind for label, (kind, _) in runs.items()}, n_obs, stem, extra)
+    (OUT / f"{stem}_runs.json").write_text(json.dumps(_without_nan(summary), indent=1))
+    if title is None:
+        title = f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018"
+    figure(runs, summary, log_prior_q, n_obs, stem, title)
+    return summary
+
+
+def convergence(summary: dict, kinds: dict[str, str]) -> dict:
+    """Summarise each sampler's :func:`terms_to_converge` over its runs, against the exact steps'.
+
+    Parameters
+    ----------
+    summary : dict
+        The report's summary (or its JSON file read back): ``summary["runs"][label]``
+        is a list of per-run dicts with ``terms_to_converge`` (tolerance as a
+        string to terms, NaN or None for a run that never settled).
+    kinds : dict of str to str
+        Label to kind (as in :func:`evaluations`); the ``"exact"`` runs are the yardstick.
+
+    Returns
+    -------
+    dict
+        Label to tolerance (string) to ``settled`` (runs that settled), ``runs``,
+        ``mean`` (over runs; None unless every run settled), ``median`` (an
+        unsettled run counted as never; None if that is the median),
+        ``mean_ratio`` and ``median_ratio`` (divided by the exact steps'; None
+        where either is None).
+    """
+
+    def terms(sums, tol):
+        values = [x["terms_to_converge"][str(tol)] for x in sums]
+        return np.array([np.inf if v is None or np.isnan(v) else v for v in values])
+
+    def defined(value):
+        return float(value) if np.isfinite(value) else None
+
+    def ratio(a, b):
+        return float(a / b) if np.isfinite(a) and np.isfinite(b) else None
+
+    exact = [x for label, kind in kinds.items() if kind == "exact" for x in summary["runs"][label]]
+    out = {}
+    for label, sums in summary["runs"].items():
+        out[label] = {}
+        for tol in CONVERGE_TOL:
+            mine, yardstick = terms(sums, tol), terms(exact, tol)
+            mean, median = np.mean(mine), np.median(mine)
+            out[label][str(tol)] = {
+                "settled": int(np.isfinite(mine).sum()),
+                "runs": len(mine),
+                "mean": defined(mean),
+                "median": defined(median),
+                "mean_ratio": ratio(mean, np.mean(yardstick)),
+                "median_ratio": ratio(median, np.median(yardstick)),
+            }
+    return out
+
+
+def write_table(summary: dict, kinds: dict[str, str], n_obs: int, stem: str, extra: str) -> str:
+    """Write ``<stem>_table.md`` from the report's summary; return the table's markdown.
+
+    Parameters
+    ----------
+    summary : dict
+        The report's summary (or its JSON file read back); with a ``reference``
+        entry, :func:`convergence` is added to it as ``convergence``.
+    kinds : dict of str to str
+        Label to kind, as in :func:`evaluations`.
+    n_obs : int
+        Returns modelled.
+    stem : str
+        File name stem under ``OUT``.
+    extra : str
+        Markdown appended after the table's note.
+
+    Returns
+    -------
+    str
+        The table (without its note).
+    """
+    params = ("nu", "alpha0", "persistence")
+    notes = summary["notes"]
+    tols = []
+    if "reference" in summary:
+        summary["convergence"] = convergence(summary, kinds)
+        first = str(CONVERGE_TOL[0])
+        settled = all(
+            c[first]["settled"] == c[first]["runs"] for c in summary["convergence"].values()
+        )
+        tols = list(CONVERGE_TOL[:1] if settled else CONVERGE_TOL)
+
+    def million(value):
+        return "never" if value is None else f"{value / 1e6:,.1f}"
+
+    def times(value):
+        return "–" if value is None else f"{value:.2f}×"
+
+    head = (
+        "| run | " + " | ".join(f"P(q={q})" for q in Q_GRID)
+        + " | ESS(q) | seconds | ESS(q)/s | ESS(q) per 10⁶ terms | terms/draw"
+        + "".join(f" | 10⁶ terms to ±{tol} nats: settled; mean, median (× exact)" for tol in tols)
+        + " | min ESS/s (ν, α₀, Σα) | audited errors: q, MH |"
+    )  # fmt: skip
+    rows = [head, "|---" * (len(Q_GRID) + 8 + len(tols)) + "|"]
+    for label, kind in kinds.items():
+        sums = summary["runs"][label]
         post = np.mean([x["posterior"] for x in sums], axis=0)
         ess = np.mean([x["ess"]["q"] for x in sums])
         sec = np.mean([x["seconds"] for x in sums])
         terms = np.mean([x["terms"] for x in sums])
         per_draw = np.mean([x["terms_per_draw"] for x in sums])
         par = np.mean([min(x["ess"][k] for k in params) / x["seconds"] for x in sums])
+        converge = ""
+        for tol in tols:
+            c = summary["convergence"][label][str(tol)]
+            converge += (
+                f" | {c['settled']}/{c['runs']}; {million(c['mean'])} ({times(c['mean_ratio'])}), "
+                f"{million(c['median'])} ({times(c['median_ratio'])})"
+            )
         errors = ""
         if kind == "ours":
             a = {k: sum(x["audits"][k] for x in sums) for k in sums[0]["audits"]}
@@ -1110,12 +1308,11 @@ def report(
         rows.append(
             f"| {label} | " + " | ".join(f"{p:.3f}" for p in post)
             + f" | {ess:.0f} | {sec:.0f} | {ess / sec:.2f} | {1e6 * ess / terms:.2f}"
-            + f" | {per_draw:,.0f} | {par:.2f} | {errors} |"
+            + f" | {per_draw:,.0f}{converge} | {par:.2f} | {errors} |"
         )  # fmt: skip
     table = "\n".join(rows)
     print(table)
-    OUT.mkdir(parents=True, exist_ok=True)
-    reps = len(next(iter(runs.values()))[1])
+    reps = len(next(iter(summary["runs"].values())))
     note = notes.get("table_note") or (
         f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
         f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
@@ -1126,12 +1323,38 @@ def report(
         f"{'on' if notes['q_control_variates'] else 'off'}. ν, α₀ and Σα are those of the "
         "selected order at each draw."
     )
+    if tols:
+        orders = ", ".join(str(q) for q in summary["reference"]["orders"])
+        n_exact = sum(len(summary["runs"][k]) for k, v in kinds.items() if v == "exact")
+        note += (
+            f"\n\nTerms to ±tol: millions of likelihood terms evaluated (kept draws, chains one "
+            f"after the other) until the running estimate of log P(q | r) for q = {orders} (the "
+            f"orders with P(q) ≥ {CONVERGE_MIN_P} in the reference) stays within tol nats of the "
+            f"reference to the end of the run; the reference is the pooled final estimate of "
+            f"the {n_exact} exact-steps run(s), all their draws together. Settled: runs that "
+            f"end within tol; mean over runs (never: some run did not settle), median over runs "
+            f"(a run that did not settle counts as never); in brackets divided by the exact "
+            f"steps' (below 1: fewer terms; –: undefined). "
+            + (
+                f"Tolerance {CONVERGE_TOL[0]} nats: every run settled."
+                if len(tols) == 1
+                else f"Tolerance {CONVERGE_TOL[0]} nats, and {CONVERGE_TOL[1]} nats because "
+                f"some run did not settle within {CONVERGE_TOL[0]}."
+            )
+        )
     (OUT / f"{stem}_table.md").write_text(table + "\n\n" + note + "\n" + extra)
-    (OUT / f"{stem}_runs.json").write_text(json.dumps(summary, indent=1))
-    if title is None:
-        title = f"ARCH order selection, S&P 500 daily returns, last {n_obs} days to 2018"
-    figure(runs, summary, log_prior_q, n_obs, stem, title)
-    return summary
+    return table
+
+
+def _without_nan(value):
+    """Return ``value`` with every float NaN (a run that never settled) replaced by None."""
+    if isinstance(value, dict):
+        return {k: _without_nan(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nan(v) for v in value]
+    if isinstance(value, float) and np.isnan(value):
+        return None
+    return value
 
 
 def autocorrelation(x: np.ndarray, lags: int) -> np.ndarray:
@@ -1161,6 +1384,9 @@ def figure(
             ax.plot(evals, logp[:, j], styles[k % 4], color=colours[c], lw=1.2,
                     label=f"q = {Q_GRID[j]}" if k == 0 else None)  # fmt: skip
         ax.plot([], [], styles[k % 4], color="k", label=label)
+    if "reference" in summary:
+        for c, j in enumerate(top):
+            ax.axhline(summary["reference"]["log_posterior"][j], color=colours[c], lw=0.5)
     ax.set_xscale("log")
     ax.set_ylim(-6, 0.1)
     ax.set_xlabel("likelihood terms evaluated (kept draws)")

@@ -254,3 +254,28 @@ def test_loglik_terms_match_the_model_and_residuals_shrink_with_the_step():
     # a tenth of the step: raw changes fall about tenfold, third-order residuals a thousandfold
     assert small["5"]["raw"] < 0.2 * big["5"]["raw"]
     assert small["5"]["all"] < 0.01 * big["5"]["all"]
+
+
+def test_terms_to_converge_is_the_first_draw_from_which_the_estimate_stays_close():
+    reference = np.log(np.array([0.01, 0.01, 0.2, 0.3, 0.45, 0.03]))
+    evals = np.arange(1.0, 7.0) * 10
+    log_p = np.tile(reference, (6, 1))
+    log_p[0, 2] = -np.inf  # q = 15 not visited yet
+    log_p[2, 3] += 0.2  # q = 20 outside 0.1 nats at the third draw
+    log_p[:, 0] = 0.0  # q = 5 is below 0.05 in the reference: it does not count
+    assert arch.terms_to_converge(evals, log_p, reference, 0.1) == 40.0
+    assert arch.terms_to_converge(evals, log_p, reference, 0.25) == 20.0
+    log_p[-1, 4] -= 0.3  # outside at the end: never settled
+    assert np.isnan(arch.terms_to_converge(evals, log_p, reference, 0.25))
+
+
+def test_convergence_mean_needs_every_run_and_the_median_counts_unsettled_runs_as_never():
+    def runs(*terms):
+        return [{"terms_to_converge": {str(t): v for t in arch.CONVERGE_TOL}} for v in terms]
+
+    summary = {"runs": {"ours": runs(1.0, 2.0, None), "exact": runs(4.0, 6.0, 8.0)}}
+    c = arch.convergence(summary, {"ours": "ours", "exact": "exact"})
+    ours, exact = c["ours"][str(arch.CONVERGE_TOL[0])], c["exact"][str(arch.CONVERGE_TOL[0])]
+    assert (ours["settled"], ours["runs"], ours["mean"], ours["mean_ratio"]) == (2, 3, None, None)
+    assert ours["median"] == 2.0 and ours["median_ratio"] == pytest.approx(2.0 / 6.0)
+    assert exact["mean"] == 6.0 and exact["mean_ratio"] == 1.0
