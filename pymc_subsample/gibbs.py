@@ -67,6 +67,20 @@ def _n_categories(model, value_var, initial_point) -> int:
     )
 
 
+def _draw_stats(
+    n_evals: int, budget: int, n_rounds: int, exhausted: bool, n_raced: int, audit_agree: int
+) -> dict:
+    """Sampler stats of one draw (see ``SubsampledCategoricalGibbs.stats_dtypes_shapes``)."""
+    return {
+        "n_evals": n_evals,
+        "frac_evals": n_evals / budget,
+        "n_rounds": n_rounds,
+        "exhausted": exhausted,
+        "n_raced": n_raced,
+        "audit_agree": audit_agree,
+    }
+
+
 class SubsampledCategoricalGibbs(RacingStep):
     r"""Gibbs step for Categorical and Bernoulli variables that races on mini-batches.
 
@@ -406,15 +420,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                 self._after_race(LONE_KEY, n_evals >= 0.5 * n_obs * n_cat)
         point = dict(point)
         point[self.vars[0].name] = np.array(values[value])
-        budget = n_obs * n_cat
-        stats = {
-            "n_evals": n_evals,
-            "frac_evals": n_evals / budget,
-            "n_rounds": n_rounds,
-            "exhausted": exhausted,
-            "n_raced": n_raced,
-            "audit_agree": AUDIT_NOT_RUN,
-        }
+        stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, AUDIT_NOT_RUN)
         return point, [stats]
 
     def _lone_totals(self, point):
@@ -517,17 +523,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                 n_rounds += res.n_rounds
                 exhausted |= res.exhausted
                 budget += n_obs * n_cat
-        stats = {
-            "n_evals": n_evals,
-            "frac_evals": n_evals / budget,
-            "n_rounds": n_rounds,
-            "exhausted": exhausted,
-            "n_raced": n_raced,
-            "audit_agree": (
-                (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
-            ),
-        }
-        return point, [stats]
+        verdict = (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
+        return point, [_draw_stats(n_evals, budget, n_rounds, exhausted, n_raced, verdict)]
 
     # -- compiled races -------------------------------------------------------------
 
@@ -566,7 +563,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         )
         self._compiled_draw(
             self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
-            lambda arms: self.terms.loglik_sum([self._values[0][arms]], point),
+            self._lone_totals(point),
             rng=np.random.default_rng(0),
         )  # fmt: skip
 

@@ -421,7 +421,11 @@ class SharedRace:
         )
 
     def _drop(self, state: RaceState, out: tuple, size: int, n_evals: int, n_rounds: int):
-        """Apply a :func:`~pymc_subsample.racing.kernels.look_normal` verdict to the state."""
+        """Apply a :func:`~pymc_subsample.racing.kernels.look_normal` verdict to the state.
+
+        ``out`` is ``(stats, lead, n_ref, n_keep, keep)`` as that look returns
+        it; ``stats`` is any three rows ``mean, dmean, m2``.
+        """
         stats, lead, n_ref, n_keep, keep = out
         mean, dmean, m2 = stats
         alive = state.alive
@@ -448,9 +452,9 @@ class SharedRace:
             (mean, lead, m2, keep, _), n_ref, dmean = out, state.n_ref, state.dmean
         if len(state.alive) > 1:
             keep = self._ebs_keep(batch, mean + self.offsets[state.alive], lead, m2, n_ref, size)
-        stats = np.stack([mean, dmean, m2])
         n_keep = int(np.count_nonzero(keep))
-        return self._drop(state, (stats, lead, n_ref, n_keep, keep), size, n_evals, n_rounds)
+        out = ((mean, dmean, m2), lead, n_ref, n_keep, keep)
+        return self._drop(state, out, size, n_evals, n_rounds)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
