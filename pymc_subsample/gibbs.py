@@ -191,6 +191,16 @@ class SubsampledCategoricalGibbs(RacingStep):
         block or discrete inputs change, so this pays for a scalar selector
         whose neighbours move little, not for a vector updated element by
         element. ``False`` (default): races on the raw terms.
+    expand_in : sequence of str, optional
+        Deterministics of the model in which to expand instead of the value
+        variables (:meth:`ObservationTerms.expand_in
+        <pymc_subsample.graph.ObservationTerms.expand_in>`): with
+        :math:`\phi = \phi(\psi)`, the expansion above is in :math:`\phi` and
+        :math:`\Delta = \phi(\psi) - \phi(\hat\psi)`. For parameters whose
+        terms are smooth in a transformed value, e.g. ARCH coefficients
+        :math:`\alpha = \mathrm{softplus}(z)` near zero, where the terms are
+        far from quadratic in :math:`z` but linear-in-variance in
+        :math:`\alpha`. Requires ``control_variates``.
     backoff : bool
         When most of an element's recent races (a share above
         :data:`BACKOFF_SHARE`) gave up, that is evaluated at least half of an
@@ -247,6 +257,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         batches: str = "blocks",
         shuffle_every: int | str = "auto",
         control_variates: bool | dict = False,
+        expand_in=None,
         backoff: bool = True,
         model=None,
         rng=None,
@@ -280,19 +291,27 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
-        self._set_control_variates(control_variates)
+        self._set_control_variates(control_variates, expand_in)
         self._plan_races(exact_fraction, max(self.n_categories))
         self._plan_compiled()
 
     # -- control variates ------------------------------------------------------------
 
-    def _set_control_variates(self, control_variates) -> None:
+    def _set_control_variates(self, control_variates, expand_in) -> None:
         self.control_variates = control_variates is not False and control_variates is not None
         self._fixed_reference = None
         self._reference = None
         self._expansion_cache: dict = {}
         if not self.control_variates:
+            if expand_in:
+                raise ValueError(
+                    "expand_in names the coordinates of the control variates' expansion, "
+                    "and control_variates is off: pass control_variates=True or a reference "
+                    "point as well"
+                )
             return
+        if expand_in:
+            self.terms.expand_in([expand_in] if isinstance(expand_in, str) else expand_in)
         names = self.terms.expansion_inputs()
         if not names:
             self.terms._compile_expansion(self.initial_point)  # raises the error that explains why

@@ -187,7 +187,7 @@ class ObservationTerms:
         compile_kwargs.setdefault("on_unused_input", "ignore")
         names = ", ".join(v.name for v in self.vars)
 
-        per_obs, scalar_obs, observed = [], [], []
+        per_obs, scalar_obs, observed, per_obs_rvs = [], [], [], []
         for rv in model.observed_RVs:
             [lp] = model.logp(vars=[rv], sum=False)
             if not _depends_on(lp, self.vars):
@@ -200,12 +200,14 @@ class ObservationTerms:
                 lp = lp.sum(axis=tuple(range(1, lp.ndim)))
             per_obs.append(lp)
             observed.append(rv.name)
+            per_obs_rvs.append(rv)
         if not per_obs:
             raise ModelSplitError(
                 f"no observed variable with per-observation terms depends on {names}: "
                 "there is nothing to subsample; use an exact PyMC step for it"
             )
         self.observed = observed
+        self._observed_rvs = per_obs_rvs
 
         value_vars = model.value_vars
         lengths = self._lengths(model, per_obs, value_vars, point, compile_kwargs)
@@ -256,6 +258,9 @@ class ObservationTerms:
         self._compile_kwargs = compile_kwargs
         self._grad_fn = None
         self._expansion_fns = None
+        self._expansion_vars: list = []
+        self._psi_fn = None
+        self._psi_memo: tuple = (None, None)
         self._taylor_fns = None
         self._f0_grad_fn = None
         self._cands = [
@@ -624,25 +629,118 @@ class ObservationTerms:
     # -- expansion in the other inputs (control variates of discrete races) -------------
 
     def expansion_inputs(self) -> list[str]:
-        """Names of the continuous inputs in which :meth:`expansion_residual_batch` expands."""
+        """Names of the continuous value variables the expansion's coordinates are read from.
+
+        A reference point for :meth:`expansion_residual_batch` gives values
+        for these. Without :meth:`expand_in` they are the coordinates
+        themselves.
+        """
         return [n for n, d in zip(self._input_names, self._input_dtypes, strict=True)
                 if d.startswith("float")]  # fmt: skip
 
-    def _compile_expansion(self, reference: dict) -> None:
-        r"""Compile the residual and reference-sum functions of the expansion in :math:`\psi`.
+    def expand_in(self, variables: Sequence) -> None:
+        r"""Expand the terms in model Deterministics rather than in the value variables.
 
-        Second order when :math:`\psi` has at most :data:`MAX_SECOND_ORDER_INPUTS`
-        coordinates (the sums keep a Hessian per candidate), first order above.
+        With Deterministics :math:`\phi = \phi(\psi)` through which the terms
+        depend on the other continuous value variables :math:`\psi`, the
+        expansion of :meth:`expansion_residual_batch` is in :math:`\phi`
+        (with any value variable the terms still read directly):
+        :math:`\log f_n(\phi) - \log f_n(\hat\phi) - D\log f_n(\hat\phi)[\Delta]
+        - \tfrac12 D^2 \log f_n(\hat\phi)[\Delta, \Delta]` with
+        :math:`\Delta = \phi(\psi) - \phi(\hat\psi)`. Pays when the terms are
+        nearly quadratic in :math:`\phi` but not in :math:`\psi`: a coefficient
+        :math:`\alpha = \mathrm{softplus}(z)` at its boundary is far from
+        linear in :math:`z`, while a variance linear in :math:`\alpha` keeps
+        the terms smooth in it.
+
+        Parameters
+        ----------
+        variables : sequence of str or TensorVariable
+            Deterministics of the model (or their names); an empty sequence
+            restores the expansion in the value variables.
+        """
+        model = self._model
+        found = []
+        for v in variables:
+            var = model[v] if isinstance(v, str) else v
+            if var not in model.deterministics:
+                name = v if isinstance(v, str) else getattr(v, "name", v)
+                kind = "a value or free variable" if var in model.free_RVs else "not one"
+                raise ValueError(
+                    f"expand_in: {name!r} is {kind}; give Deterministics of the model "
+                    "(pm.Deterministic) through which the terms depend on the parameters, "
+                    "or leave expand_in out to expand in the value variables"
+                )
+            found.append(var)
+        self._expansion_vars = found
+        self._expansion_fns = None
+        self._psi_fn = None
+        self._psi_memo = (None, None)
+        if found:
+            self._expansion_graph()  # raises if the terms do not depend on them
+
+    def _loglik_with(self, replace: dict):
+        """Per-observation log-likelihood with model variables replaced (before ``logp``).
+
+        The replacement is made in the observed variables' graphs, where the
+        Deterministics still stand as they were written; ``model.logp``
+        rewrites them on its way to the log density.
+        """
+        from pymc import logp
+        from pymc.logprob.utils import replace_rvs_by_values
+
+        model = self._model
+        total = None
+        for rv in self._observed_rvs:
+            mapping = {k: v for k, v in model.rvs_to_values.items() if k is not rv} | replace
+            [new_rv] = replace_rvs_by_values(
+                [rv], rvs_to_values=mapping, rvs_to_transforms=model.rvs_to_transforms
+            )
+            lp = logp(new_rv, model.rvs_to_values[rv])
+            if lp.ndim > 1:
+                lp = lp.sum(axis=tuple(range(1, lp.ndim)))
+            total = lp if total is None else total + lp
+        return total
+
+    def _expansion_graph(self) -> tuple:
+        r"""Return the terms as a graph of the coordinates :math:`\phi`, and those as value graphs.
+
+        Returns ``(loglik, coords, values)``: the per-observation
+        log-likelihood with every coordinate an input of its own, the
+        coordinate variables, and their graphs in the value variables.
         """
         floats = [v for v in self.inputs if v.dtype.startswith("float")]
-        if not floats:
+        if not self._expansion_vars:
+            return self._loglik, floats, floats
+        dets = self._expansion_vars
+        phis = [d.type(name=f"{d.name}_coordinate") for d in dets]
+        loglik = self._loglik_with(dict(zip(dets, phis, strict=True)))
+        used = set(graph_inputs([loglik]))
+        unused = [d.name for d, f in zip(dets, phis, strict=True) if f not in used]
+        if unused:
+            raise ValueError(
+                f"expand_in: the likelihood terms of {', '.join(self.observed)} do not "
+                f"depend on {unused}; give the Deterministics the terms are computed from"
+            )
+        rest = [v for v in floats if v in used]
+        values = self._model.replace_rvs_by_values(dets)
+        return loglik, [*phis, *rest], [*values, *rest]
+
+    def _compile_expansion(self, reference: dict) -> None:
+        r"""Compile the residual and reference-sum functions of the expansion in :math:`\phi`.
+
+        Second order when :math:`\phi` has at most :data:`MAX_SECOND_ORDER_INPUTS`
+        coordinates (the sums keep a Hessian per candidate), first order above.
+        """
+        if not any(v.dtype.startswith("float") for v in self.inputs):
             raise ValueError(
                 "control variates expand the terms in the continuous variables they depend "
                 f"on besides {', '.join(v.name for v in self.vars)}, and there are none: the "
                 "terms depend on the block and the data only, so there is nothing to expand"
             )
-        names = [v.name for v in floats]
-        shapes = [np.shape(reference[n]) for n in names]
+        loglik, coords, values = self._expansion_graph()
+        shapes = [np.shape(self._evaluate_coordinates(values, reference, k))
+                  for k in range(len(values))]  # fmt: skip
         sizes = [int(np.prod(sh, dtype=int)) for sh in shapes]
         bounds = np.cumsum([0, *sizes])
         second_order = bounds[-1] <= MAX_SECOND_ORDER_INPUTS
@@ -650,9 +748,10 @@ class ObservationTerms:
         direction = pt.dvector("psi_direction")
         to_ref = {
             v: flat_ref[a:b].reshape(sh).astype(v.dtype)
-            for v, a, b, sh in zip(floats, bounds[:-1], bounds[1:], shapes, strict=True)
+            for v, a, b, sh in zip(coords, bounds[:-1], bounds[1:], shapes, strict=True)
         }
-        flat_psi = pt.concatenate([pt.cast(v, "float64").ravel() for v in floats])
+        flat_psi = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        to_values = {c: v for c, v in zip(coords, values, strict=True) if c is not v}
         batch = dict(zip(self.vars, self._cands, strict=True))
 
         def residual(graph):
@@ -667,31 +766,59 @@ class ObservationTerms:
                 )
                 expansion = expansion + 0.5 * second
             res = graph_replace(graph - expansion, {direction: flat_psi - flat_ref}, strict=False)
+            res = graph_replace(res, to_values, strict=False) if to_values else res
             return vectorize_graph(res, replace=batch)
 
         others = [*self.inputs, flat_ref]
         kw = self._compile_kwargs
-        idx_var, subset, _ = self._graphs
+        idx_var = self._graphs[0]
+        subset = graph_replace(loglik, {d: d[idx_var] for d in self.data}, strict=False)
         gather = self._model.compile_fn(
             residual(subset), inputs=[*self._cands, idx_var, *others], point_fn=False, **kw
         )
         window = None
         if self._window_graph is not None:
-            start, stop, win = self._window_graph
+            start, stop, _ = self._window_graph
+            views = {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)}
+            win = graph_replace(loglik, views, strict=False)
             window = self._model.compile_fn(
                 residual(win), inputs=[*self._cands, start, stop, *others], point_fn=False, **kw
             )
-        total = graph_replace(self._loglik.sum(), to_ref, strict=False)
+        total = graph_replace(loglik.sum(), to_ref, strict=False)
         grad = pytensor.grad(total, flat_ref, disconnected_inputs="ignore")
         outputs = [total, grad]
         if second_order:
             outputs.append(pytensor.gradient.jacobian(grad, flat_ref, vectorize=True))
         sums = self._model.compile_fn(outputs, inputs=[*self.vars, *others], point_fn=False, **kw)
-        self._expansion_fns = (gather, window, sums, names)
+        self._expansion_fns = (gather, window, sums)
+        if to_values:
+            self._psi_fn = self._model.compile_fn(
+                flat_psi, inputs=self.inputs, point_fn=False, **kw
+            )
 
-    @staticmethod
-    def _flat_reference(reference: dict, names: list[str]) -> np.ndarray:
-        return np.concatenate([np.ravel(np.asarray(reference[n], dtype=np.float64)) for n in names])
+    def _evaluate_coordinates(self, values, point, k):
+        """Value of coordinate graph ``values[k]`` at ``point`` (shapes, at compile time)."""
+        v = values[k]
+        if v in self.inputs:
+            return np.asarray(point[v.name])
+        fn = self._model.compile_fn(v, inputs=self.inputs, point_fn=False, **self._compile_kwargs)
+        return np.asarray(fn(*self._other_arrays(point)))
+
+    def _flat_coordinates(self, point: dict, memo: bool = False) -> np.ndarray:
+        r"""Return the flat coordinates :math:`\phi` of the expansion at ``point``.
+
+        ``memo``: the point is a reference, never changed in place, read again
+        on every look (its coordinates are computed once).
+        """
+        if self._psi_fn is None:
+            names = self.expansion_inputs()
+            return np.concatenate([np.ravel(np.asarray(point[n], dtype=np.float64)) for n in names])
+        if memo and self._psi_memo[0] is point:
+            return self._psi_memo[1]
+        flat = np.asarray(self._psi_fn(*self._other_arrays(point)), dtype=np.float64)
+        if memo:
+            self._psi_memo = (point, flat)
+        return flat
 
     def expansion_residual_batch(
         self,
@@ -726,9 +853,9 @@ class ObservationTerms:
         """
         if self._expansion_fns is None:
             self._compile_expansion(reference)
-        gather, window, _, names = self._expansion_fns
+        gather, window, _ = self._expansion_fns
         cands, others = self._exact_arrays(candidates, point)
-        ref = self._flat_reference(reference, names)
+        ref = self._flat_coordinates(reference, memo=True)
         return self._at_positions(positions, window, lambda: gather, cands, [*others, ref])
 
     def expansion_sums(
@@ -750,9 +877,9 @@ class ObservationTerms:
         """
         if self._expansion_fns is None:
             self._compile_expansion(reference)
-        _, _, sums, names = self._expansion_fns
+        _, _, sums = self._expansion_fns
         cands, others = self._exact_arrays(candidates, point)
-        ref = self._flat_reference(reference, names)
+        ref = self._flat_coordinates(reference, memo=True)
         n_cands = len(cands[0])
         outs = [sums(*[c[k] for c in cands], *others, ref) for k in range(n_cands)]
         values = np.array([float(o[0]) for o in outs])
@@ -766,8 +893,9 @@ class ObservationTerms:
 
     def expansion_step(self, point: dict, reference: dict) -> np.ndarray:
         r"""Return the flat :math:`\Delta = \psi - \hat\psi` of :meth:`expansion_sums`."""
-        names = self.expansion_inputs()
-        return self._flat_reference(point, names) - self._flat_reference(reference, names)
+        if self._expansion_fns is None:
+            self._compile_expansion(reference)
+        return self._flat_coordinates(point) - self._flat_coordinates(reference, memo=True)
 
     # -- second-order Taylor expansion in the block (control variates of MH races) ----
 
