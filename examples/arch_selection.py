@@ -185,7 +185,7 @@ def initial_z(order: int) -> np.ndarray:
     return to_z(np.concatenate([[0.5], np.full(order, 0.05), [10.0]]))
 
 
-def arch_parameters(z, order: int) -> tuple:
+def arch_parameters(z, order: int, name: str | None = None) -> tuple:
     r"""Log prior of the flat ARCH(order) parameters ``z`` and the parameters themselves.
 
     ``z`` holds :math:`(\alpha_0, \alpha_1, \dots, \alpha_q, \nu - 2)` in the
@@ -193,9 +193,13 @@ def arch_parameters(z, order: int) -> tuple:
     :math:`c` = ``SCALE``; the log prior is that of :math:`\alpha_0 \sim
     \mathrm{HalfNormal}(1)`, :math:`\alpha_i \sim \mathrm{HalfNormal}(0.2)`,
     :math:`\nu - 2 \sim \mathrm{Exponential}(0.1)`, plus the log Jacobian
-    :math:`\sum \log \sigma(z/c)`. Returns ``(log_prior, a0, a, nu_m2)``.
+    :math:`\sum \log \sigma(z/c)`. Returns ``(log_prior, a0, a, nu_m2)``. With
+    ``name``, the transformed vector is the Deterministic ``name`` (inside a model
+    context), in which the q race's control variates expand the terms.
     """
     alpha = SCALE * pt.softplus(z / SCALE)
+    if name is not None:
+        alpha = pm.Deterministic(name, alpha)
     a0, a, nu_m2 = alpha[0], alpha[1 : order + 1], alpha[order + 1]
     lp = -0.5 * (a0 / A0_SD) ** 2 - 0.5 * ((a / A_SD) ** 2).sum() - NU_RATE * nu_m2
     lp += 0.5 * np.log(2 / (np.pi * A0_SD**2)) + 0.5 * order * np.log(2 / (np.pi * A_SD**2))
@@ -238,7 +242,7 @@ def product_space_model(
         a0s, rows, nus = [], [], []
         for j, order in enumerate(Q_GRID):
             z = pm.Flat(f"z_{order}", shape=order + 2, initval=pseudo[j]["mean"])
-            lp, a0, a, nu_m2 = arch_parameters(z, order)
+            lp, a0, a, nu_m2 = arch_parameters(z, order, name=f"alpha_{order}")
             diff = pt.as_tensor(pseudo[j]["chol_prec"].T) @ (z - pseudo[j]["mean"])
             log_pseudo = -0.5 * (diff**2).sum() + pseudo[j]["log_norm"]
             pm.Potential(f"prior_{order}", pt.switch(pt.eq(q, j), lp, log_pseudo))
@@ -520,11 +524,13 @@ def starts(pseudo: list[dict], chains: int, seed: int) -> list[dict]:
 
 
 def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: int = 10):
-    """Our steps: racing Gibbs for q, racing MH for the selected model, pseudopriors elsewhere.
+    r"""Our steps: racing Gibbs for q, racing MH for the selected model, pseudopriors elsewhere.
 
     Every setting is the steps' default except ``audit_every`` (audits of a
-    tenth of the draws), the q race's control variates, expanded around the
-    pseudoprior means (``control_variates=False``: the default, none), and the
+    tenth of the draws), the q race's control variates, expanded in the
+    coefficients :math:`\alpha` (``expand_in``; in :math:`z` the terms of a
+    coefficient at its boundary are far from quadratic) around the pseudoprior
+    means (``control_variates=False``: the default, none), and the
     MH proposal: a random walk preconditioned by each order's pilot covariance
     (``proposal="normal"``, ``covariance=``). The default proposal, HMC on the
     quadratic surrogate, is accepted under 5% of the time on ARCH(30), whose
@@ -534,6 +540,7 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     gibbs = SubsampledCategoricalGibbs(
         [model["q"]],
         control_variates=reference_point(pseudo) if control_variates else False,
+        expand_in=[f"alpha_{p['order']}" for p in pseudo] if control_variates else None,
         audit_every=audit_every,
     )
 
@@ -991,9 +998,18 @@ def loglik_terms(z: np.ndarray, order: int, r: np.ndarray, lags: np.ndarray) -> 
     \alpha_0 + \sum_{i \le q} \alpha_i r_{n-i}^2`, with :math:`(\alpha, \nu - 2) =
     c\,\mathrm{softplus}(z / c)` as in :func:`arch_parameters`.
     """
+    return loglik_terms_alpha(softplus_alpha(z), order, r, lags)
+
+
+def softplus_alpha(z: np.ndarray) -> np.ndarray:
+    r""":math:`(\alpha, \nu - 2) = c\,\mathrm{softplus}(z / c)`, in NumPy."""
+    return SCALE * np.logaddexp(0.0, np.asarray(z, dtype=float) / SCALE)
+
+
+def loglik_terms_alpha(alpha: np.ndarray, order: int, r: np.ndarray, lags: np.ndarray):
+    """Return the terms of :func:`loglik_terms` as a function of ``(alpha, nu - 2)``."""
     from scipy.special import gammaln
 
-    alpha = SCALE * np.logaddexp(0.0, np.asarray(z, dtype=float) / SCALE)
     a0, a, nu = alpha[0], alpha[1 : order + 1], alpha[order + 1] + 2
     s2 = a0 + lags[:, :order] @ a
     const = gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * np.pi)
@@ -1013,29 +1029,40 @@ def expansion_residuals(
     deviation over :math:`n` of :math:`e_n` for :math:`\Delta` on all coordinates,
     on the first 15 lags with :math:`\alpha_0` and :math:`\nu` only ("interior"),
     and on the lags beyond 15 only ("beyond 15", the coefficients that are zero
-    in the simulating model and sit at their support boundary), and that of the
-    raw :math:`f_n(1) - f_n(0)`. A race that reads :math:`m` of :math:`N` terms
+    in the simulating model and sit at their support boundary), that of the
+    raw :math:`f_n(1) - f_n(0)`, and ("in alpha", the expansion the q race makes)
+    that of the same residual in the coefficients: :math:`f_n(t) =
+    l_n(\hat\alpha + t\,\Delta\alpha)` with :math:`\Delta\alpha = \alpha(\hat z +
+    \Delta) - \alpha(\hat z)`. A race that reads :math:`m` of :math:`N` terms
     estimates a sum with a standard error of about :math:`N\,\mathrm{sd}(e)/\sqrt m`.
     """
     rng = np.random.default_rng(seed)
     out = {}
+
+    def spread(terms, base, d):
+        f = [terms(base + t * d) for t in (0.0, eps, -eps, 1.0)]
+        slope = (f[1] - f[2]) / (2 * eps)
+        curve = (f[1] - 2 * f[0] + f[2]) / eps**2
+        return float(np.std(f[3] - f[0] - slope - 0.5 * curve)), float(np.std(f[3] - f[0]))
+
     for p in pseudo:
         order, mean = p["order"], p["mean"]
         delta = np.linalg.cholesky(p["cov"]) @ rng.standard_normal(len(mean))
         interior = np.zeros(len(mean), dtype=bool)
         interior[: min(order, 15) + 1] = True
         interior[-1] = True
+        in_z = lambda z, order=order: loglik_terms(z, order, r, lags)  # noqa: E731
         row = {}
         for part, mask in (("all", None), ("interior", interior), ("beyond 15", ~interior)):
             d = delta if mask is None else np.where(mask, delta, 0.0)
             if not d.any():
                 continue
-            f = [loglik_terms(mean + t * d, order, r, lags) for t in (0.0, eps, -eps, 1.0)]
-            slope = (f[1] - f[2]) / (2 * eps)
-            curve = (f[1] - 2 * f[0] + f[2]) / eps**2
-            row[part] = float(np.std(f[3] - f[0] - slope - 0.5 * curve))
+            row[part], raw = spread(in_z, mean, d)
             if mask is None:
-                row["raw"] = float(np.std(f[3] - f[0]))
+                row["raw"] = raw
+        in_alpha = lambda a, order=order: loglik_terms_alpha(a, order, r, lags)  # noqa: E731
+        base = softplus_alpha(mean)
+        row["in alpha"] = spread(in_alpha, base, softplus_alpha(mean + delta) - base)[0]
         out[str(order)] = row
     return out
 
