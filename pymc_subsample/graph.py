@@ -49,6 +49,7 @@ __all__ = [
     "ObservationTerms",
     "block_terms",
     "continuous_value_vars",
+    "model_deterministics",
 ]
 
 #: Names accepted by ``ObservationTerms(batches=...)``.
@@ -57,6 +58,29 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 #: Largest number of coordinates of the other inputs for which the expansion of
 #: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
 MAX_SECOND_ORDER_INPUTS = 400
+
+
+def model_deterministics(model, variables: Sequence) -> list:
+    """Return the Deterministics named in ``variables`` (names or variables) of ``model``.
+
+    Raises
+    ------
+    ValueError
+        For anything that is not a Deterministic of the model, naming the fix.
+    """
+    found = []
+    for v in variables:
+        var = model[v] if isinstance(v, str) else v
+        if var not in model.deterministics:
+            name = v if isinstance(v, str) else getattr(v, "name", v)
+            kind = "a value or free variable" if var in model.free_RVs else "not one"
+            raise ValueError(
+                f"expand_in: {name!r} is {kind}; give Deterministics of the model "
+                "(pm.Deterministic) through which the terms depend on the parameters, "
+                "or leave expand_in out to expand in the value variables"
+            )
+        found.append(var)
+    return found
 
 
 class ModelSplitError(ValueError):
@@ -261,7 +285,8 @@ class ObservationTerms:
         self._expansion_vars: list = []
         self._psi_fn = None
         self._psi_memo: tuple = (None, None)
-        self._taylor_fns = None
+        self._taylor_fns: dict = {}  # by whether in coordinates (Deterministics) of the block
+        self._build_taylor_gather: dict = {}
         self._f0_grad_fn = None
         self._cands = [
             pt.tensor(name=f"{v.name}_candidates", dtype=v.dtype, shape=(None, *v.type.shape))
@@ -659,19 +684,7 @@ class ObservationTerms:
             Deterministics of the model (or their names); an empty sequence
             restores the expansion in the value variables.
         """
-        model = self._model
-        found = []
-        for v in variables:
-            var = model[v] if isinstance(v, str) else v
-            if var not in model.deterministics:
-                name = v if isinstance(v, str) else getattr(v, "name", v)
-                kind = "a value or free variable" if var in model.free_RVs else "not one"
-                raise ValueError(
-                    f"expand_in: {name!r} is {kind}; give Deterministics of the model "
-                    "(pm.Deterministic) through which the terms depend on the parameters, "
-                    "or leave expand_in out to expand in the value variables"
-                )
-            found.append(var)
+        found = model_deterministics(self._model, variables)
         self._expansion_vars = found
         self._expansion_fns = None
         self._psi_fn = None
@@ -772,15 +785,13 @@ class ObservationTerms:
         others = [*self.inputs, flat_ref]
         kw = self._compile_kwargs
         idx_var = self._graphs[0]
-        subset = graph_replace(loglik, {d: d[idx_var] for d in self.data}, strict=False)
+        subset, windows, _ = self._on_batches(loglik)
         gather = self._model.compile_fn(
             residual(subset), inputs=[*self._cands, idx_var, *others], point_fn=False, **kw
         )
         window = None
-        if self._window_graph is not None:
-            start, stop, _ = self._window_graph
-            views = {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)}
-            win = graph_replace(loglik, views, strict=False)
+        if windows is not None:
+            start, stop, win = windows
             window = self._model.compile_fn(
                 residual(win), inputs=[*self._cands, start, stop, *others], point_fn=False, **kw
             )
@@ -899,18 +910,39 @@ class ObservationTerms:
 
     # -- second-order Taylor expansion in the block (control variates of MH races) ----
 
-    def _compile_taylor(self, shapes: Sequence[tuple]) -> None:
-        r"""Compile the Taylor residuals and the exact sums, in the flat block coordinates."""
+    def _compile_taylor(self, shapes: Sequence[tuple], coordinates: Sequence = ()) -> None:
+        r"""Compile the Taylor residuals and the exact sums, in the flat block coordinates.
+
+        With ``coordinates`` (Deterministics of the block, e.g. its transformed
+        parameters), in their flat values instead, ``shapes`` theirs: the
+        functions of :meth:`taylor_residual_batch` and :meth:`taylor_sums` with
+        ``coordinates=True``.
+        """
         theta = pt.dvector("theta")
         ref = pt.dvector("theta_reference")
         direction = pt.dvector("direction")
         sizes = [int(np.prod(s, dtype=int)) for s in shapes]
         bounds = np.cumsum([0, *sizes])
+        variables = self.vars
+        idx_var, subset, _ = self._graphs
+        windows = self._window_graph
+        first = self._first_positions
+        if coordinates:
+            variables = [d.type(name=f"{d.name}_coordinate") for d in coordinates]
+            loglik = self._loglik_with(dict(zip(coordinates, variables, strict=True)))
+            direct = [v.name for v in self.vars if v in set(graph_inputs([loglik]))]
+            if direct:
+                raise ValueError(
+                    f"expand_in: the likelihood terms depend on {direct} directly, not only "
+                    f"through {[d.name for d in coordinates]}; give Deterministics that carry "
+                    "all of the block's influence on the terms"
+                )
+            subset, windows, first = self._on_batches(loglik)
 
         def unflatten(flat):
             return {
                 v: flat[a:b].reshape(shape).astype(v.dtype)
-                for v, a, b, shape in zip(self.vars, bounds[:-1], bounds[1:], shapes, strict=True)
+                for v, a, b, shape in zip(variables, bounds[:-1], bounds[1:], shapes, strict=True)
             }
 
         def residual(graph):
@@ -924,7 +956,6 @@ class ObservationTerms:
 
         self._flat_cands = pt.dmatrix("theta_candidates")
         kw = self._compile_kwargs
-        idx_var, subset, _ = self._graphs
         model = self._model
 
         def build_gather():  # compiled on first use: windows that wrap around are rare
@@ -934,24 +965,63 @@ class ObservationTerms:
             )  # fmt: skip
 
         window = None
-        if self._window_graph is not None:
-            start, stop, win = self._window_graph
+        if windows is not None:
+            start, stop, win = windows
             window = self._model.compile_fn(
                 residual(win), inputs=[self._flat_cands, ref, start, stop, *self.inputs],
                 point_fn=False, **kw,
             )  # fmt: skip
-        if self._first_positions is not None:
-            start, stop, win = self._first_positions
+        if first is not None:
+            start, stop, win = first
             total = graph_replace(win, unflatten(ref), strict=False).sum()
             sum_inputs = [ref, start, stop, *self.inputs]
         else:
-            total = graph_replace(self._loglik, unflatten(ref), strict=False).sum()
+            loglik = self._loglik if not coordinates else loglik
+            total = graph_replace(loglik, unflatten(ref), strict=False).sum()
             sum_inputs = [ref, *self.inputs]
         grad = pytensor.grad(total, ref)
         hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
         sums = self._model.compile_fn([total, grad, hess], inputs=sum_inputs, point_fn=False, **kw)
-        self._build_taylor_gather = build_gather
-        self._taylor_fns = (None, window, sums)
+        self._build_taylor_gather[bool(coordinates)] = build_gather
+        self._taylor_fns[bool(coordinates)] = (None, window, sums)
+
+    def block_coordinates(self, coordinates: Sequence, point: dict) -> tuple:
+        r"""Compile the flat values of Deterministics of the block, :math:`\phi(\theta)`.
+
+        Returns ``(evaluate, shapes)``: ``evaluate(values, point)`` takes one
+        value per block variable and a point for the other inputs, and reads
+        no data; ``shapes`` are the Deterministics' shapes at ``point``.
+        """
+        values = self._model.replace_rvs_by_values(list(coordinates))
+        flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        fn = self._model.compile_fn(
+            [flat, *[v.shape for v in values]],
+            inputs=[*self.vars, *self.inputs],
+            point_fn=False,
+            **self._compile_kwargs,
+        )
+        out = fn(*[point[v.name] for v in self.vars], *self._others(point))
+        shapes = [tuple(int(n) for n in sh) for sh in out[1:]]
+
+        def evaluate(block_values, point):
+            return np.asarray(fn(*block_values, *self._others(point))[0], dtype=np.float64)
+
+        return evaluate, shapes
+
+    def _on_batches(self, loglik) -> tuple:
+        """Return the graphs of ``loglik`` on gathered rows, on windows, on the first positions.
+
+        As the terms' own (``__init__``): ``(subset, windows, first)``, where
+        ``windows`` and ``first`` are ``(start, stop, graph)`` or None.
+        """
+        idx_var = self._graphs[0]
+        subset = graph_replace(loglik, {d: d[idx_var] for d in self.data}, strict=False)
+        first = None
+        if self._first_positions is not None:
+            start, stop, _ = self._first_positions
+            views = {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)}
+            first = (start, stop, graph_replace(loglik, views, strict=False))
+        return subset, first if self._window_graph is not None else None, first
 
     def taylor_residual_batch(
         self,
@@ -960,6 +1030,7 @@ class ObservationTerms:
         positions: slice | np.ndarray,
         point: dict,
         shapes: Sequence[tuple],
+        coordinates: Sequence = (),
     ) -> np.ndarray:
         r"""Residuals of the second-order Taylor expansion of the terms in the block.
 
@@ -988,48 +1059,60 @@ class ObservationTerms:
         point : dict
             Values of the other value variables.
         shapes : sequence of tuple
-            Shapes of the block's variables.
+            Shapes of the block's variables (of ``coordinates`` when given).
+        coordinates : sequence of TensorVariable, optional
+            Deterministics of the block in which to expand instead (see
+            :meth:`_compile_taylor`): ``thetas`` and ``reference`` are then
+            their flat values.
 
         Returns
         -------
         numpy.ndarray
             Shape ``(K, n)``.
         """
-        if self._taylor_fns is None:
-            self._compile_taylor(shapes)
-        window = self._taylor_fns[1]
+        key = bool(coordinates)
+        if key not in self._taylor_fns:
+            self._compile_taylor(shapes, coordinates)
+        window = self._taylor_fns[key][1]
         others = self._other_arrays(point)
         thetas = np.asarray(thetas, dtype=np.float64)
         reference = np.asarray(reference, dtype=np.float64)
         return self._at_positions(
-            positions, window, self._taylor_gather, [thetas, reference], others
+            positions, window, lambda: self._taylor_gather(key), [thetas, reference], others
         )
 
-    def _taylor_gather(self):
+    def _taylor_gather(self, coordinates: bool = False):
         """Return the gathered Taylor residuals function, compiled on first use."""
-        gather, window, sums = self._taylor_fns
+        gather, window, sums = self._taylor_fns[coordinates]
         if gather is None:
-            gather = self._build_taylor_gather()
-            self._taylor_fns = (gather, window, sums)
+            gather = self._build_taylor_gather[coordinates]()
+            self._taylor_fns[coordinates] = (gather, window, sums)
         return gather
 
     def taylor_sums(
-        self, reference: np.ndarray, point: dict, shapes: Sequence[tuple], window: int | None = None
+        self,
+        reference: np.ndarray,
+        point: dict,
+        shapes: Sequence[tuple],
+        window: int | None = None,
+        coordinates: Sequence = (),
     ) -> tuple[float, np.ndarray, np.ndarray]:
         r"""Value, gradient and Hessian of :math:`\sum_n \log f_n` at the flat ``reference``.
 
         Exact (reverse mode), over all :math:`N` observations, or over the
         first ``window`` positions of the row permutation (a uniformly random
-        subset) scaled by :math:`N/\mathrm{window}`.
+        subset) scaled by :math:`N/\mathrm{window}`. With ``coordinates``, in
+        those Deterministics (as :meth:`taylor_residual_batch`).
 
         Returns
         -------
         tuple
             ``(L, g, H)``: a float, shape ``(d,)``, shape ``(d, d)``.
         """
-        if self._taylor_fns is None:
-            self._compile_taylor(shapes)
-        _, _, sums = self._taylor_fns
+        key = bool(coordinates)
+        if key not in self._taylor_fns:
+            self._compile_taylor(shapes, coordinates)
+        _, _, sums = self._taylor_fns[key]
         others = self._other_arrays(point)
         reference = np.asarray(reference, dtype=np.float64)
         scale = 1.0

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
-from .graph import continuous_value_vars
+from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -123,6 +123,18 @@ class RacingMetropolis(RacingStep):
         are not finite on the stencil (a support boundary), the step warns and
         races on the raw terms with a random walk. Ignored by the race with
         ``bound="exact"`` (plain MH sums everything).
+    expand_in : sequence of str, optional
+        Deterministics of the block :math:`\phi = \phi(\theta)` (names) in which
+        the control variates expand the terms instead of :math:`\theta`:
+        :math:`h_n = l_n(\hat\phi) + \nabla l_n(\hat\phi)^\top\Delta +
+        \tfrac12\Delta^\top\nabla^2 l_n(\hat\phi)\Delta` with
+        :math:`\Delta = \phi(\theta) - \phi(\hat\theta)` at the fitted mode
+        :math:`\hat\theta` (one more pass over the data for the sums). For
+        parameters that enter the terms through a transform that is far from
+        linear over the posterior, e.g. coefficients
+        :math:`\alpha = \mathrm{softplus}(z)` at their boundary. The surrogate
+        behind the proposals stays in :math:`\theta`. Requires
+        ``control_variates``.
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
     elemwise : bool
@@ -182,6 +194,7 @@ class RacingMetropolis(RacingStep):
         reward_range: float | None = None,
         exact_fraction: float | str = 0.25,
         control_variates: bool = True,
+        expand_in=None,
         gradient_batch: int | None = None,
         target_accept: float | None = None,
         elemwise: bool = False,
@@ -256,6 +269,18 @@ class RacingMetropolis(RacingStep):
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
         self.elemwise = bool(elemwise)
         self.control_variates = bool(control_variates)
+        self._coordinates, self._to_coordinates, self._coordinate_shapes = [], None, []
+        if expand_in:
+            if not self.control_variates:
+                raise ValueError(
+                    "expand_in names the coordinates of the control variates' expansion, and "
+                    "control_variates is off: leave control_variates=True"
+                )
+            names = [expand_in] if isinstance(expand_in, str) else expand_in
+            self._coordinates = model_deterministics(self.model, names)
+            self._to_coordinates, self._coordinate_shapes = self.terms.block_coordinates(
+                self._coordinates, point
+            )
         self.path_length = float(path_length)
         self.user_scaling = scaling
         self.preconditioned = proposal == "hmc" or (
@@ -267,6 +292,13 @@ class RacingMetropolis(RacingStep):
             self.preconditioned or self.control_variates or (self.elemwise and scaling is None)
         )
         self._autodiff = needs_surrogate and self._compile_taylor()
+        if self._coordinates:
+            if not self._autodiff:
+                raise ValueError(
+                    "expand_in: the terms cannot be differentiated twice, so there is no "
+                    "Taylor expansion to make in the Deterministics; leave expand_in out"
+                )
+            self.terms._compile_taylor(self._coordinate_shapes, self._coordinates)
         self.reset_tuning()
 
     def _compile_taylor(self) -> bool:
@@ -314,6 +346,8 @@ class RacingMetropolis(RacingStep):
         """
         if not hasattr(self, "surrogate"):
             self.surrogate: QuadraticSurrogate | TaylorSurrogate | None = None
+            #: the control variates' expansion in ``expand_in`` (None: the surrogate's)
+            self.coordinate_surrogate: TaylorSurrogate | None = None
             self._surrogate_failed = False
             self._chol_mass = self._inv_mass = self._chol_cov = None
         self._started = False
@@ -335,7 +369,7 @@ class RacingMetropolis(RacingStep):
         dropped and refitted at the next step.
         """
         super().data_changed()
-        self.surrogate = None
+        self.surrogate = self.coordinate_surrogate = None
         self._surrogate_failed = False
         self._chol_mass = self._inv_mass = self._chol_cov = None
 
@@ -546,6 +580,8 @@ class RacingMetropolis(RacingStep):
                     stacklevel=3,
                 )
                 return x, 0
+            if self._coordinates:
+                spent += self._fit_coordinate_surrogate(mode, point)
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
@@ -558,6 +594,19 @@ class RacingMetropolis(RacingStep):
                 x = self.surrogate.theta_ref + self._chol_cov @ z
         self._started = True
         return x, spent
+
+    def _fit_coordinate_surrogate(self, mode: np.ndarray, point: dict) -> int:
+        r"""Set the expansion in ``expand_in`` at :math:`\hat\phi = \phi(\hat\theta)`; one pass.
+
+        Returns the terms evaluated.
+        """
+        ref = self._to_coordinates(self._split(mode), point)
+        shapes, coords = self._coordinate_shapes, self._coordinates
+        value, grad, hess = self.terms.taylor_sums(ref, point, shapes, coordinates=coords)
+        if not (np.isfinite(value) and np.isfinite(hess).all()):
+            raise FloatingPointError("the log-likelihood is not finite at the reference")
+        self.coordinate_surrogate = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
+        return (len(ref) + 1) * self.terms.n_obs
 
     # -- proposals ---------------------------------------------------------------------
 
@@ -696,12 +745,17 @@ class RacingMetropolis(RacingStep):
                 return values
 
         elif isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
-            h_total = sur.total(pair)
+            rows, shapes, coords = pair, self._shapes, ()
+            if self.coordinate_surrogate is not None:  # expanded in the Deterministics
+                sur, coords = self.coordinate_surrogate, self._coordinates
+                shapes = self._coordinate_shapes
+                rows = np.stack([self._to_coordinates(self._split(r), point) for r in pair])
+            h_total = sur.total(rows)
             exact_part += h_total[1] - h_total[0]
 
             def rewards(arms, idx):
                 values = terms.taylor_residual_batch(
-                    pair[arms], sur.theta_ref, idx, point, self._shapes
+                    rows[arms], sur.theta_ref, idx, point, shapes, coords
                 )
                 spent[0] += 3 * values.size  # value, first and second derivative per arm
                 return values

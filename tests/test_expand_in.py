@@ -4,9 +4,10 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 import pytest
+from scipy import stats
 from test_gibbs import RACE, assert_matches, draw_many, exact_conditional
 
-from pymc_subsample import SubsampledCategoricalGibbs
+from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
 
 C = 0.01  # the scaled softplus of the ARCH example: alpha = C softplus(z / C)
 
@@ -132,3 +133,86 @@ def test_expand_in_rejects_what_it_cannot_expand_in(arch_like):
         pm.Normal("obs", mu[k], 1.0, observed=y)
         with pytest.raises(ValueError, match="do not depend on"):
             SubsampledCategoricalGibbs([k], control_variates=True, expand_in=["unused"])
+
+
+# -- RacingMetropolis(expand_in=...) ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def arch_block():
+    """One ARCH-like order on 20,000 observations, its last coefficient zero in the data."""
+    rng = np.random.default_rng(12)
+    n_obs = 20_000
+    lags = rng.chisquare(1, size=(n_obs, 2))
+    r = rng.standard_t(7, size=n_obs) * np.sqrt(0.6 + 0.3 * lags[:, 0])
+    with pm.Model() as model:
+        r_data = pm.Data("r", r)
+        lag_data = pm.Data("lag2", lags)
+        z = pm.Normal("z", 0.0, 1.0, shape=3, initval=to_z([0.6, 0.3, 0.002]))
+        alpha = pm.Deterministic("alpha", C * pt.softplus(z / C))
+        sigma2 = alpha[0] + (lag_data * alpha[1:]).sum(axis=1)
+        pm.StudentT("obs", nu=7.0, sigma=pt.sqrt(sigma2), observed=r_data)
+    return model, z
+
+
+def mh_chain(step, model, n_draws):
+    point = model.initial_point()
+    stats_list = []
+    for i in range(n_draws):
+        step.tune = i < 100
+        point, [st] = step.step(point)
+        stats_list.append(st)
+    return point, stats_list[100:]
+
+
+@pytest.fixture(scope="module")
+def mh_steps(arch_block):
+    model, z = arch_block
+    settings = {"proposal": "normal", "audit_every": 1, "rng": 4}
+    with model:
+        return {
+            "alpha": RacingMetropolis([z], expand_in=["alpha"], **settings),
+            "z": RacingMetropolis([z], **settings),
+        }
+
+
+def test_mh_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_block, mh_steps):
+    model, _ = arch_block
+    step = mh_steps["alpha"]
+    point = model.initial_point()
+    x = step._flatten([point["z"]])
+    step._ensure_surrogate(x, point)
+    cv = step.coordinate_surrogate
+    assert cv is not None
+    theta = x + np.array([0.01, -0.005, -0.004])  # the last coefficient towards its boundary
+    rows = step._to_coordinates(step._split(theta), point)[None]
+    terms = step.terms
+    res = terms.taylor_residual_batch(
+        rows, cv.theta_ref, slice(0, terms.n_obs), point, step._coordinate_shapes,
+        step._coordinates,
+    )  # fmt: skip
+    exact = terms.loglik_sum(step._candidates(theta[None]), point)
+    np.testing.assert_allclose(res.sum() + cv.total(rows), exact, rtol=1e-10)
+    np.testing.assert_allclose(rows[0], C * np.logaddexp(0, theta / C))
+
+
+def test_mh_expanded_in_the_deterministics_keeps_decisions_and_cuts_terms(arch_block, mh_steps):
+    model, _ = arch_block
+    _, st = mh_chain(mh_steps["alpha"], model, 400)
+    wrong = sum(s["n_wrong"] for s in st)
+    audited = sum(s["n_audited"] for s in st)
+    assert audited == 300
+    assert stats.binom.sf(wrong - 1, audited, 0.05) > 1e-3, wrong  # error <= delta
+    _, st_z = mh_chain(mh_steps["z"], model, 400)
+    used = np.mean([s["frac_evals"] for s in st])
+    used_z = np.mean([s["frac_evals"] for s in st_z])
+    assert used < 0.5 * used_z, (used, used_z)
+
+
+def test_mh_expand_in_needs_control_variates(arch_block):
+    model, z = arch_block
+    with model:
+        with pytest.raises(ValueError, match="control_variates is off"):
+            RacingMetropolis([z], expand_in=["alpha"], control_variates=False)
+        with pytest.raises(ValueError, match="give Deterministics"):
+            RacingMetropolis([z], expand_in=["z"])
