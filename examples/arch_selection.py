@@ -532,7 +532,9 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     coefficient at its boundary are far from quadratic) around the pseudoprior
     means (``control_variates=False``: the default, none), and the
     MH proposal: a random walk preconditioned by each order's pilot covariance
-    (``proposal="normal"``, ``covariance=``). The default proposal, HMC on the
+    (``proposal="normal"``, ``covariance=``); the MH race's control variates, on
+    by default, expand in that order's :math:`\alpha` too (``expand_in``). The
+    default proposal, HMC on the
     quadratic surrogate, is accepted under 5% of the time on ARCH(30), whose
     coefficients at their boundary make the Laplace approximation misfit, and
     its random-walk fallback, preconditioned by the Laplace covariance, about 1%.
@@ -545,9 +547,15 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     )
 
     def make(vars, point):
-        cov = pseudo[int(point["q"])]["cov"]
+        j = int(point["q"])
+        cov = pseudo[j]["cov"]
         return RacingMetropolis(
-            vars, proposal="normal", covariance=cov, initial_point=point, audit_every=audit_every
+            vars,
+            proposal="normal",
+            covariance=cov,
+            expand_in=[f"alpha_{pseudo[j]['order']}"],
+            initial_point=point,
+            audit_every=audit_every,
         )
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]

@@ -988,25 +988,33 @@ class ObservationTerms:
     def block_coordinates(self, coordinates: Sequence, point: dict) -> tuple:
         r"""Compile the flat values of Deterministics of the block, :math:`\phi(\theta)`.
 
-        Returns ``(evaluate, shapes)``: ``evaluate(values, point)`` takes one
-        value per block variable and a point for the other inputs, and reads
-        no data; ``shapes`` are the Deterministics' shapes at ``point``.
+        Returns ``(evaluate, pullback, shapes)``: ``evaluate(values, point)``
+        takes one value per block variable and a point for the other inputs;
+        ``pullback(values, v, point)`` returns :math:`J_\phi(\theta)^\top v`,
+        one array per block variable; neither reads data. ``shapes`` are the
+        Deterministics' shapes at ``point``.
         """
         values = self._model.replace_rvs_by_values(list(coordinates))
         flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        v_in = pt.dvector("cotangent")
+        kw = self._compile_kwargs
+        inputs = [*self.vars, *self.inputs]
         fn = self._model.compile_fn(
-            [flat, *[v.shape for v in values]],
-            inputs=[*self.vars, *self.inputs],
-            point_fn=False,
-            **self._compile_kwargs,
+            [flat, *[v.shape for v in values]], inputs=inputs, point_fn=False, **kw
         )
+        pull = pytensor.grad((flat * v_in).sum(), self.vars)
+        pull_fn = self._model.compile_fn(pull, inputs=[*inputs, v_in], point_fn=False, **kw)
         out = fn(*[point[v.name] for v in self.vars], *self._others(point))
         shapes = [tuple(int(n) for n in sh) for sh in out[1:]]
 
         def evaluate(block_values, point):
             return np.asarray(fn(*block_values, *self._others(point))[0], dtype=np.float64)
 
-        return evaluate, shapes
+        def pullback(block_values, v, point):
+            cotangent = np.asarray(v, dtype=np.float64)
+            return [np.asarray(g) for g in pull_fn(*block_values, *self._others(point), cotangent)]
+
+        return evaluate, pullback, shapes
 
     def _on_batches(self, loglik) -> tuple:
         """Return the graphs of ``loglik`` on gathered rows, on windows, on the first positions.

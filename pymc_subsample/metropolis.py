@@ -25,7 +25,7 @@ from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
-from .surrogate import QuadraticSurrogate, TaylorSurrogate, stencil_points
+from .surrogate import CoordinateSurrogate, QuadraticSurrogate, TaylorSurrogate, stencil_points
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
 
@@ -133,7 +133,9 @@ class RacingMetropolis(RacingStep):
         parameters that enter the terms through a transform that is far from
         linear over the posterior, e.g. coefficients
         :math:`\alpha = \mathrm{softplus}(z)` at their boundary. The surrogate
-        behind the proposals stays in :math:`\theta`. Requires
+        behind the HMC proposal is then this expansion too, read as a function
+        of :math:`\theta` (:class:`~pymc_subsample.surrogate.CoordinateSurrogate`;
+        the mode and the mass matrix stay those of :math:`\theta`). Requires
         ``control_variates``.
     gradient_batch : int, optional
         Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
@@ -269,7 +271,8 @@ class RacingMetropolis(RacingStep):
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
         self.elemwise = bool(elemwise)
         self.control_variates = bool(control_variates)
-        self._coordinates, self._to_coordinates, self._coordinate_shapes = [], None, []
+        self._coordinates, self._to_coordinates, self._pullback = [], None, None
+        self._coordinate_shapes: list = []
         if expand_in:
             if not self.control_variates:
                 raise ValueError(
@@ -278,8 +281,8 @@ class RacingMetropolis(RacingStep):
                 )
             names = [expand_in] if isinstance(expand_in, str) else expand_in
             self._coordinates = model_deterministics(self.model, names)
-            self._to_coordinates, self._coordinate_shapes = self.terms.block_coordinates(
-                self._coordinates, point
+            self._to_coordinates, self._pullback, self._coordinate_shapes = (
+                self.terms.block_coordinates(self._coordinates, point)
             )
         self.path_length = float(path_length)
         self.user_scaling = scaling
@@ -610,9 +613,20 @@ class RacingMetropolis(RacingStep):
 
     # -- proposals ---------------------------------------------------------------------
 
+    def _proposal_surrogate(self, point):
+        """Return the surrogate the HMC proposal integrates: in ``expand_in`` when given."""
+        cv = self.coordinate_surrogate
+        if cv is None:
+            return self.surrogate
+        return CoordinateSurrogate(
+            cv,
+            lambda theta: self._to_coordinates(self._split(theta), point),
+            lambda theta, v: self._flatten(self._pullback(self._split(theta), v, point)),
+        )
+
     def _hmc(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, float]:
         """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
-        sur, inv_mass = self.surrogate, self._inv_mass
+        sur, inv_mass = self._proposal_surrogate(point), self._inv_mass
         eps = float(self.scaling) * self.rng.uniform(0.9, 1.1)
         n_steps = int(min(100, max(1, np.ceil(self._path / eps))))
         p = self._chol_mass @ self.rng.standard_normal(self.dim)
