@@ -530,14 +530,13 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     tenth of the draws), the q race's control variates, expanded in the
     coefficients :math:`\alpha` (``expand_in``; in :math:`z` the terms of a
     coefficient at its boundary are far from quadratic) around the pseudoprior
-    means (``control_variates=False``: the default, none), and the
-    MH proposal: a random walk preconditioned by each order's pilot covariance
-    (``proposal="normal"``, ``covariance=``); the MH race's control variates, on
-    by default, expand in that order's :math:`\alpha` too (``expand_in``). The
-    default proposal, HMC on the
-    quadratic surrogate, is accepted under 5% of the time on ARCH(30), whose
-    coefficients at their boundary make the Laplace approximation misfit, and
-    its random-walk fallback, preconditioned by the Laplace covariance, about 1%.
+    means (``control_variates=False``: the default, none), the MH step's
+    ``covariance=`` (each order's pseudoprior covariance, as HMC's inverse mass
+    matrix), and ``expand_in`` for its control variates: that order's
+    :math:`\alpha`. The proposal is the default, HMC on the surrogate, which with
+    ``expand_in`` is the expansion in :math:`\alpha`; on the expansion in
+    :math:`z` it was accepted under 5% of the time on ARCH(30), whose
+    coefficients at their boundary make a quadratic in :math:`z` misfit.
     """
     gibbs = SubsampledCategoricalGibbs(
         [model["q"]],
@@ -551,7 +550,6 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         cov = pseudo[j]["cov"]
         return RacingMetropolis(
             vars,
-            proposal="normal",
             covariance=cov,
             expand_in=[f"alpha_{pseudo[j]['order']}"],
             initial_point=point,
