@@ -250,10 +250,12 @@ def test_loglik_terms_match_the_model_and_residuals_shrink_with_the_step():
     cov = np.diag(np.full(order + 2, 1e-4))
     big = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov}])
     small = arch.expansion_residuals(r, lags, [{"order": order, "mean": z, "cov": cov / 100}])
-    assert set(big[str(order)]) == {"all", "interior", "raw"}  # no lag beyond 15 at order 5
+    # no lag beyond 15 at order 5
+    assert set(big[str(order)]) == {"all", "interior", "raw", "in alpha"}
     # a tenth of the step: raw changes fall about tenfold, third-order residuals a thousandfold
     assert small["5"]["raw"] < 0.2 * big["5"]["raw"]
     assert small["5"]["all"] < 0.01 * big["5"]["all"]
+    assert small["5"]["in alpha"] < 0.01 * big["5"]["in alpha"]
 
 
 def test_terms_to_converge_is_the_first_draw_from_which_the_estimate_stays_close():
