@@ -16,6 +16,13 @@ def to_z(alpha):
     return alpha + C * np.log(-np.expm1(-np.asarray(alpha) / C))
 
 
+def arch_one_data(n_obs, seed):
+    """Returns with variance 0.6 + 0.3 x_1 (t innovations) and two squared-lag columns."""
+    rng = np.random.default_rng(seed)
+    lags = rng.chisquare(1, size=(n_obs, 2))
+    return rng.standard_t(7, size=n_obs) * np.sqrt(0.6 + 0.3 * lags[:, 0]), lags
+
+
 @pytest.fixture(scope="module")
 def arch_like():
     """Two ARCH-like orders on 4,000 observations: the second's extra coefficient is zero.
@@ -25,10 +32,7 @@ def arch_like():
     order, so the second's last coefficient sits at its boundary, where the terms
     are far from quadratic in ``z`` and linear-in-variance in ``alpha``.
     """
-    rng = np.random.default_rng(11)
-    n_obs = 4000
-    lags = rng.chisquare(1, size=(n_obs, 2))
-    r = rng.standard_t(7, size=n_obs) * np.sqrt(0.6 + 0.3 * lags[:, 0])
+    r, lags = arch_one_data(4000, seed=11)
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags)
@@ -141,10 +145,7 @@ def test_expand_in_rejects_what_it_cannot_expand_in(arch_like):
 @pytest.fixture(scope="module")
 def arch_block():
     """One ARCH-like order on 20,000 observations, its last coefficient zero in the data."""
-    rng = np.random.default_rng(12)
-    n_obs = 20_000
-    lags = rng.chisquare(1, size=(n_obs, 2))
-    r = rng.standard_t(7, size=n_obs) * np.sqrt(0.6 + 0.3 * lags[:, 0])
+    r, lags = arch_one_data(20_000, seed=12)
     with pm.Model() as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags)
