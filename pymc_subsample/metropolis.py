@@ -584,7 +584,15 @@ class RacingMetropolis(RacingStep):
                 )
                 return x, 0
             if self._coordinates:
-                spent += self._fit_coordinate_surrogate(mode, point)
+                try:
+                    spent += self._fit_coordinate_surrogate(mode, point)
+                except FloatingPointError as err:
+                    warnings.warn(
+                        f"RacingMetropolis: expand_in dropped ({err}); the control variates "
+                        "expand in the value variables",
+                        UserWarning,
+                        stacklevel=3,
+                    )
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
