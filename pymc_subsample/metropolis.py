@@ -315,7 +315,8 @@ class RacingMetropolis(RacingStep):
         """
         try:
             self.terms._compile_taylor(self._shapes)
-            self.terms._taylor_gather()
+            if not self._coordinates:  # with expand_in the races read the other expansion
+                self.terms._taylor_gather()
         except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
             if self.dim > _FULL_STENCIL_MAX_DIM:
                 warnings.warn(
