@@ -311,7 +311,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                 )
             return
         if expand_in:
-            self.terms.expand_in([expand_in] if isinstance(expand_in, str) else expand_in)
+            self.terms.expand_in(expand_in)
         names = self.terms.expansion_inputs()
         if not names:
             self.terms._compile_expansion(self.initial_point)  # raises the error that explains why

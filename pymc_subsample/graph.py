@@ -60,8 +60,8 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 MAX_SECOND_ORDER_INPUTS = 400
 
 
-def model_deterministics(model, variables: Sequence) -> list:
-    """Return the Deterministics named in ``variables`` (names or variables) of ``model``.
+def model_deterministics(model, variables: str | Sequence) -> list:
+    """Return the Deterministics named in ``variables`` (a name, names or variables) of ``model``.
 
     Raises
     ------
@@ -69,7 +69,7 @@ def model_deterministics(model, variables: Sequence) -> list:
         For anything that is not a Deterministic of the model, naming the fix.
     """
     found = []
-    for v in variables:
+    for v in [variables] if isinstance(variables, str) else variables:
         var = model[v] if isinstance(v, str) else v
         if var not in model.deterministics:
             name = v if isinstance(v, str) else getattr(v, "name", v)
@@ -752,8 +752,13 @@ class ObservationTerms:
                 "terms depend on the block and the data only, so there is nothing to expand"
             )
         loglik, coords, values = self._expansion_graph()
-        shapes = [np.shape(self._evaluate_coordinates(values, reference, k))
-                  for k in range(len(values))]  # fmt: skip
+        to_values = {c: v for c, v in zip(coords, values, strict=True) if c is not v}
+        if to_values:  # Deterministics among the coordinates: phi(psi) is compiled
+            floats = [v for v in self.inputs if v.dtype.startswith("float")]
+            self._psi_fn, shapes = self._flat_values(values, floats, reference)
+            self._psi_inputs = floats
+        else:
+            self._psi_fn, shapes = None, [np.shape(reference[v.name]) for v in values]
         sizes = [int(np.prod(sh, dtype=int)) for sh in shapes]
         bounds = np.cumsum([0, *sizes])
         second_order = bounds[-1] <= MAX_SECOND_ORDER_INPUTS
@@ -764,7 +769,6 @@ class ObservationTerms:
             for v, a, b, sh in zip(coords, bounds[:-1], bounds[1:], shapes, strict=True)
         }
         flat_psi = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
-        to_values = {c: v for c, v in zip(coords, values, strict=True) if c is not v}
         batch = dict(zip(self.vars, self._cands, strict=True))
 
         def residual(graph):
@@ -802,18 +806,20 @@ class ObservationTerms:
             outputs.append(pytensor.gradient.jacobian(grad, flat_ref, vectorize=True))
         sums = self._model.compile_fn(outputs, inputs=[*self.vars, *others], point_fn=False, **kw)
         self._expansion_fns = (gather, window, sums)
-        if to_values:
-            self._psi_fn = self._model.compile_fn(
-                flat_psi, inputs=self.inputs, point_fn=False, **kw
-            )
 
-    def _evaluate_coordinates(self, values, point, k):
-        """Value of coordinate graph ``values[k]`` at ``point`` (shapes, at compile time)."""
-        v = values[k]
-        if v in self.inputs:
-            return np.asarray(point[v.name])
-        fn = self._model.compile_fn(v, inputs=self.inputs, point_fn=False, **self._compile_kwargs)
-        return np.asarray(fn(*self._other_arrays(point)))
+    def _flat_values(self, values: Sequence, inputs: Sequence, point: dict) -> tuple:
+        """Compile ``values`` (graphs of ``inputs``) as one flat float64 vector.
+
+        Returns ``(fn, shapes)``: ``fn(*inputs)`` returns ``[flat, *shapes]``;
+        ``shapes`` are the values' shapes at ``point``.
+        """
+        flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        fn = self._model.compile_fn(
+            [flat, *[v.shape for v in values]], inputs=inputs, point_fn=False,
+            **self._compile_kwargs,
+        )  # fmt: skip
+        out = fn(*[np.asarray(point[v.name], dtype=v.dtype) for v in inputs])
+        return fn, [tuple(int(n) for n in sh) for sh in out[1:]]
 
     def _flat_coordinates(self, point: dict, memo: bool = False) -> np.ndarray:
         r"""Return the flat coordinates :math:`\phi` of the expansion at ``point``.
@@ -826,7 +832,8 @@ class ObservationTerms:
             return np.concatenate([np.ravel(np.asarray(point[n], dtype=np.float64)) for n in names])
         if memo and self._psi_memo[0] is point:
             return self._psi_memo[1]
-        flat = np.asarray(self._psi_fn(*self._other_arrays(point)), dtype=np.float64)
+        floats = [np.asarray(point[v.name], dtype=v.dtype) for v in self._psi_inputs]
+        flat = np.asarray(self._psi_fn(*floats)[0], dtype=np.float64)
         if memo:
             self._psi_memo = (point, flat)
         return flat
@@ -923,7 +930,7 @@ class ObservationTerms:
         direction = pt.dvector("direction")
         sizes = [int(np.prod(s, dtype=int)) for s in shapes]
         bounds = np.cumsum([0, *sizes])
-        variables = self.vars
+        variables, loglik = self.vars, self._loglik
         idx_var, subset, _ = self._graphs
         windows = self._window_graph
         first = self._first_positions
@@ -976,7 +983,6 @@ class ObservationTerms:
             total = graph_replace(win, unflatten(ref), strict=False).sum()
             sum_inputs = [ref, start, stop, *self.inputs]
         else:
-            loglik = self._loglik if not coordinates else loglik
             total = graph_replace(loglik, unflatten(ref), strict=False).sum()
             sum_inputs = [ref, *self.inputs]
         grad = pytensor.grad(total, ref)
@@ -995,17 +1001,14 @@ class ObservationTerms:
         Deterministics' shapes at ``point``.
         """
         values = self._model.replace_rvs_by_values(list(coordinates))
+        inputs = [*self.vars, *self.inputs]
+        fn, shapes = self._flat_values(values, inputs, point)
         flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
         v_in = pt.dvector("cotangent")
-        kw = self._compile_kwargs
-        inputs = [*self.vars, *self.inputs]
-        fn = self._model.compile_fn(
-            [flat, *[v.shape for v in values]], inputs=inputs, point_fn=False, **kw
-        )
         pull = pytensor.grad((flat * v_in).sum(), self.vars)
-        pull_fn = self._model.compile_fn(pull, inputs=[*inputs, v_in], point_fn=False, **kw)
-        out = fn(*[point[v.name] for v in self.vars], *self._others(point))
-        shapes = [tuple(int(n) for n in sh) for sh in out[1:]]
+        pull_fn = self._model.compile_fn(
+            pull, inputs=[*inputs, v_in], point_fn=False, **self._compile_kwargs
+        )
 
         def evaluate(block_values, point):
             return np.asarray(fn(*block_values, *self._others(point))[0], dtype=np.float64)

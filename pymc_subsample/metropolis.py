@@ -279,8 +279,7 @@ class RacingMetropolis(RacingStep):
                     "expand_in names the coordinates of the control variates' expansion, and "
                     "control_variates is off: leave control_variates=True"
                 )
-            names = [expand_in] if isinstance(expand_in, str) else expand_in
-            self._coordinates = model_deterministics(self.model, names)
+            self._coordinates = model_deterministics(self.model, expand_in)
             self._to_coordinates, self._pullback, self._coordinate_shapes = (
                 self.terms.block_coordinates(self._coordinates, point)
             )
