@@ -29,11 +29,12 @@ draws of the pseudoprior pilot, not at a mode):
 
 * ``racing``: :class:`~pymc_subsample.SubsampledCategoricalGibbs` for
   :math:`q` (δ = 0.05; control variates: a second-order expansion of each
-  model's terms in its parameters around the pseudoprior means, off in
-  ``--quick``), and, for the selected model's parameters,
-  :class:`~pymc_subsample.RacingMetropolis` (a random walk preconditioned by the
-  pilot's covariance; the default HMC proposal froze ARCH(30)); the unselected
-  models' parameters are drawn from their pseudopriors (no data read).
+  model's terms in its coefficients :math:`\alpha` around the pseudoprior means,
+  ``expand_in``, off in ``--quick``), and, for the selected model's parameters,
+  :class:`~pymc_subsample.RacingMetropolis` at its default proposal (HMC on the
+  control variates' surrogate, expanded in that model's :math:`\alpha`, with the
+  pseudoprior covariance as the inverse mass matrix); the unselected models'
+  parameters are drawn from their pseudopriors (no data read).
 * ``racing, bound="exact"``: the same steps deciding every draw on all data
   (the same step objects, :func:`set_bound`).
 * ``PyMC``: what ``pm.sample()`` assigns, CategoricalGibbsMetropolis for
@@ -53,13 +54,17 @@ adds it); the full run all four five times on 13,000 returns with 1,000 and
 from ARCH(15)-t at the real ARCH(15) fit (:func:`simulated_returns`; fixed seed). A
 NUTS pilot per order would cost a pass over the data per leapfrog step, so the
 pseudopriors are Laplace approximations at each order's MAP in z
-(:func:`laplace_pseudopriors`); their covariances precondition our random walk and
-start NUTS's diagonal mass matrix. Then the same pipeline (pilot, ours, exact, PyMC;
+(:func:`laplace_pseudopriors`); their covariances are our HMC's inverse mass matrix
+and start NUTS's diagonal mass matrix. Then the same pipeline (pilot, ours, exact, PyMC;
 no marginalised baseline, which reads six orders per gradient), with fewer draws
 (``SIM_KNOBS``), in about an hour on one core; writes ``arch_sim_table.md``,
 ``arch_sim_runs.json`` and ``arch_sim_q.png``. ``--n`` sets a smaller N.
 
-Run: ``python examples/arch_selection.py [--quick | --simulate]``.
+``--residuals``: only :func:`race_resolution` on the 13,000 returns, how finely a q
+race can tell the orders apart from a subsample, for the raw terms, our control
+variates and the paper's data-space ones; writes ``arch_residuals.md``.
+
+Run: ``python examples/arch_selection.py [--quick | --simulate | --residuals]``.
 """
 
 from __future__ import annotations
@@ -847,7 +852,15 @@ def main():
     parser.add_argument("--n", type=int, default=N_SIMULATED, help="--simulate: returns")
     parser.add_argument("--draws", type=int, help="--simulate: kept draws per chain")
     parser.add_argument("--tune", type=int, help="--simulate: tuning draws per chain")
+    parser.add_argument(
+        "--residuals",
+        action="store_true",
+        help="only the q race's resolution on the 13,000 returns (arch_residuals.md)",
+    )
     args = parser.parse_args()
+    if args.residuals:
+        main_residuals()
+        return
     if args.simulate:
         knobs = dict(SIM_KNOBS)
         knobs["draws"] = args.draws or knobs["draws"]
@@ -1012,12 +1025,16 @@ def softplus_alpha(z: np.ndarray) -> np.ndarray:
     return SCALE * np.logaddexp(0.0, np.asarray(z, dtype=float) / SCALE)
 
 
-def loglik_terms_alpha(alpha: np.ndarray, order: int, r: np.ndarray, lags: np.ndarray):
-    """Return the terms of :func:`loglik_terms` as a function of ``(alpha, nu - 2)``."""
+def loglik_terms_alpha(alpha: np.ndarray, order: int, r: np.ndarray, lags, s2=None):
+    r"""Return the terms of :func:`loglik_terms` as a function of ``(alpha, nu - 2)``.
+
+    ``s2``, if given, is :math:`\sigma_n^2` itself (``lags`` is then not read).
+    """
     from scipy.special import gammaln
 
     a0, a, nu = alpha[0], alpha[1 : order + 1], alpha[order + 1] + 2
-    s2 = a0 + lags[:, :order] @ a
+    if s2 is None:
+        s2 = a0 + lags[:, :order] @ a
     const = gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * np.pi)
     return const - 0.5 * np.log(s2) - (nu + 1) / 2 * np.log1p(r**2 / (nu * s2))
 
@@ -1073,11 +1090,161 @@ def expansion_residuals(
     return out
 
 
+def arch_derivatives(r, s2, nu) -> tuple:
+    r"""Partial derivatives of :math:`l = \log t_\nu(r/\sqrt s) - \tfrac12\log s` in ``(r, s)``.
+
+    With :math:`u = \nu s + r^2`: :math:`l_r = -(\nu+1) r/u`, :math:`l_s = -1/(2s) +
+    (\nu+1) r^2/(2su)`, :math:`l_{rr} = -(\nu+1)(u - 2r^2)/u^2`, :math:`l_{rs} =
+    (\nu+1)\nu r/u^2`, :math:`l_{ss} = 1/(2s^2) - (\nu+1) r^2 (\nu s + u)/(2 s^2 u^2)`.
+    Returns ``(l_r, l_s, l_rr, l_rs, l_ss)``.
+    """
+    u = nu * s2 + r**2
+    return (
+        -(nu + 1) * r / u,
+        -0.5 / s2 + (nu + 1) / 2 * r**2 / (s2 * u),
+        -(nu + 1) * (u - 2 * r**2) / u**2,
+        (nu + 1) * nu * r / u**2,
+        0.5 / s2**2 - (nu + 1) / 2 * r**2 * (nu * s2 + u) / (s2**2 * u**2),
+    )
+
+
+def data_space_residuals(
+    alpha, order: int, r, lags, bins: np.ndarray, outliers: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Residuals of the paper's data-space control variates (Chen & Ghahramani 2016, App. C.2).
+
+    Each term is a function of :math:`(r_n, s_n)`, :math:`s_n = \alpha_0 +
+    \sum_i \alpha_i r_{n-i}^2`; within each bin (``bins``, a label per row) it is
+    expanded to second order around the bin's mean :math:`(\bar r_b, \bar s_b)`
+    (derivatives :func:`arch_derivatives`), whose sum over the bin follows from
+    the bin's moments. Returns the residuals :math:`l_n - h_n` and a mask of the
+    rows kept in the race: the share ``outliers`` of rows farthest from their
+    bin's mean (in standardised units) are evaluated exactly, as in the paper.
+    """
+    a0, a, nu = alpha[0], alpha[1 : order + 1], alpha[order + 1] + 2
+    s2 = a0 + lags[:, :order] @ a
+    terms = loglik_terms_alpha(alpha, order, r, lags)
+    resid, far = np.empty(len(r)), np.empty(len(r))
+    for b in np.unique(bins):
+        rows = bins == b
+        rb, sb = r[rows].mean(), s2[rows].mean()
+        lr, ls, lrr, lrs, lss = arch_derivatives(rb, sb, nu)
+        dr, ds = r[rows] - rb, s2[rows] - sb
+        base = loglik_terms_alpha(alpha, order, np.array([rb]), None, s2=np.array([sb]))[0]
+        h = base + lr * dr + ls * ds + 0.5 * (lrr * dr**2 + 2 * lrs * dr * ds + lss * ds**2)
+        resid[rows] = terms[rows] - h
+        far[rows] = (dr / max(dr.std(), 1e-300)) ** 2 + (ds / max(ds.std(), 1e-300)) ** 2
+    return resid, far <= np.quantile(far, 1 - outliers)
+
+
+def race_resolution(
+    r: np.ndarray, lags: np.ndarray, pseudo: list[dict], draws: int = 10, seed: int = 7,
+    eps: float = 1e-3, tol: float = 0.25, n_bins: int = 10,
+) -> dict:  # fmt: skip
+    r"""How finely a q race can resolve its arms on these data, for each kind of reward.
+
+    At ``draws`` product-space states (every order's :math:`z` a pseudoprior
+    draw, as the unselected orders' are at each step), for every pair of orders
+    :math:`(j, k)` the race estimates :math:`\sum_n (e_{j,n} - e_{k,n})` from
+    :math:`m` of :math:`N` rows with a standard error of
+    :math:`N\,\mathrm{sd}_n(e_j - e_k)\sqrt{1/m - 1/N}`. Rewards: the raw terms
+    (no control variates); the residuals of the expansion the q race makes
+    (second order in :math:`\alpha` around the pseudoprior means, as in
+    :func:`expansion_residuals`); and the paper's data-space expansion
+    (:func:`data_space_residuals`; ``n_bins`` × ``n_bins`` bins by the marginal
+    quantiles of :math:`(r_n, s_n)` at the pseudoprior mean, 20% of rows
+    exact). Returns, per reward, the median and the largest over draws and
+    pairs of that spread, the median excess kurtosis over rows, and the rows
+    :math:`m` a race must read for a standard error of ``tol`` nats at the median
+    spread (:math:`m = 1/((\mathrm{tol}/(N\,\mathrm{sd}))^2 + 1/N)`).
+    """
+    rng = np.random.default_rng(seed)
+    n_obs = len(r)
+    bins = []
+    for p in pseudo:
+        alpha = softplus_alpha(p["mean"])
+        s2 = alpha[0] + lags[:, : p["order"]] @ alpha[1 : p["order"] + 1]
+        cut = np.linspace(0, 1, n_bins + 1)[1:-1]
+        bins.append(
+            np.searchsorted(np.quantile(r, cut), r) * n_bins
+            + np.searchsorted(np.quantile(s2, cut), s2)
+        )
+    spreads = {"raw terms": [], "expansion in alpha (ours)": [], "data space (paper)": []}
+    kurtosis = {k: [] for k in spreads}
+    for _ in range(draws):
+        rows = {k: [] for k in spreads}
+        masks = []
+        for p, b in zip(pseudo, bins, strict=True):
+            order, mean = p["order"], p["mean"]
+            z = mean + np.linalg.cholesky(p["cov"]) @ rng.standard_normal(len(mean))
+            base, alpha = softplus_alpha(mean), softplus_alpha(z)
+            f = [
+                loglik_terms_alpha(base + t * (alpha - base), order, r, lags)
+                for t in (0.0, eps, -eps, 1.0)
+            ]
+            slope, curve = (f[1] - f[2]) / (2 * eps), (f[1] - 2 * f[0] + f[2]) / eps**2
+            rows["raw terms"].append(f[3])
+            rows["expansion in alpha (ours)"].append(f[3] - f[0] - slope - 0.5 * curve)
+            resid, keep = data_space_residuals(alpha, order, r, lags, b)
+            rows["data space (paper)"].append(resid)
+            masks.append(keep)
+        for kind, values in rows.items():
+            for j in range(len(pseudo)):
+                for k in range(j):
+                    keep = masks[j] & masks[k] if kind == "data space (paper)" else slice(None)
+                    d = values[j][keep] - values[k][keep]
+                    sd = d.std()
+                    spreads[kind].append(sd)
+                    kurtosis[kind].append(((d - d.mean()) ** 4).mean() / sd**4 - 3)
+    out = {}
+    for kind, sds in spreads.items():
+        sd = float(np.median(sds))
+        out[kind] = {
+            "median sd": sd,
+            "largest sd": float(np.max(sds)),
+            "median excess kurtosis": float(np.median(kurtosis[kind])),
+            "rows for tol": float(1 / ((tol / (n_obs * sd)) ** 2 + 1 / n_obs)),
+        }
+    out["tol"] = tol
+    out["n_obs"] = n_obs
+    return out
+
+
+def main_residuals() -> None:
+    """Run ``--residuals``: :func:`race_resolution` on the 13,000 returns; write its table."""
+    r, lags = lagged_squares(sp500_returns(N_RETURNS))
+    pseudo = fit_pseudopriors(r, lags, draws=500)
+    res = race_resolution(r, lags, pseudo)
+    n_obs, tol = res["n_obs"], res["tol"]
+    lines = [
+        "| reward | sd of a pairwise difference per row: median (largest) | "
+        "excess kurtosis (median) | standard error of the sum at m = 50 / 800 rows (nats) | "
+        f"rows for a standard error of {tol} nats |",
+        "|---|---|---|---|---|",
+    ]
+    for kind in ("raw terms", "expansion in alpha (ours)", "data space (paper)"):
+        x = res[kind]
+        se = [n_obs * x["median sd"] * np.sqrt(1 / m - 1 / n_obs) for m in (50, 800)]
+        lines.append(
+            f"| {kind} | {x['median sd']:.2e} ({x['largest sd']:.2e}) | "
+            f"{x['median excess kurtosis']:.0f} | {se[0]:.2f} / {se[1]:.2f} | "
+            f"{min(x['rows for tol'], n_obs):,.0f} of {n_obs:,} |"
+        )
+    note = (
+        f"\n\nN = {n_obs:,} returns; 10 product-space states (each order's z a pseudoprior "
+        "draw), 15 pairs of orders each. Regenerate with `python examples/arch_selection.py "
+        "--residuals`.\n"
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "arch_residuals.md").write_text("\n".join(lines) + note)
+    print("\n".join(lines) + note, flush=True)
+
+
 def main_simulate(n_obs: int, knobs: dict) -> None:
     """Run the ``--simulate`` variant: the same pipeline on a simulated ARCH(15)-t series.
 
     The pseudopriors are Laplace approximations (:func:`laplace_pseudopriors`)
-    and their covariances precondition our random walk (``covariance=``) and
+    and their covariances are our HMC's inverse mass matrix (``covariance=``) and
     start NUTS's mass matrix (:func:`pymc_steps`); the rest is the real-data
     pipeline: adjusted prior from a pilot, then our steps, the same steps with
     ``bound="exact"``, and PyMC's steps, two chains each from pseudoprior draws.

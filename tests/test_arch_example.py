@@ -281,3 +281,39 @@ def test_convergence_mean_needs_every_run_and_the_median_counts_unsettled_runs_a
     assert (ours["settled"], ours["runs"], ours["mean"], ours["mean_ratio"]) == (2, 3, None, None)
     assert ours["median"] == 2.0 and ours["median_ratio"] == pytest.approx(2.0 / 6.0)
     assert exact["mean"] == 6.0 and exact["mean_ratio"] == 1.0
+
+
+def test_data_space_derivatives_match_finite_differences():
+    r, s2, nu, h = 0.7, 1.3, 5.0, 1e-4
+    alpha = np.array([0.0, 0.0, 0.0, nu - 2])  # order 2: only nu is read with s2 given
+
+    def ell(rr, ss):
+        return arch.loglik_terms_alpha(alpha, 2, np.array([rr]), None, s2=np.array([ss]))[0]
+
+    lr, ls, lrr, lrs, lss = arch.arch_derivatives(r, s2, nu)
+    fd = [
+        (ell(r + h, s2) - ell(r - h, s2)) / (2 * h),
+        (ell(r, s2 + h) - ell(r, s2 - h)) / (2 * h),
+        (ell(r + h, s2) - 2 * ell(r, s2) + ell(r - h, s2)) / h**2,
+        (ell(r + h, s2 + h) - ell(r + h, s2 - h) - ell(r - h, s2 + h) + ell(r - h, s2 - h))
+        / (4 * h * h),
+        (ell(r, s2 + h) - 2 * ell(r, s2) + ell(r, s2 - h)) / h**2,
+    ]
+    np.testing.assert_allclose([lr, ls, lrr, lrs, lss], fd, rtol=1e-5)
+
+
+def test_data_space_residuals_are_third_order_in_the_bin_spread():
+    """Halving every row's distance from its bin mean divides the residuals by about 8."""
+    rng = np.random.default_rng(0)
+    order, n = 2, 400
+    alpha = np.array([0.5, 0.1, 0.2, 3.0])
+    base_r, base_lags = 1.0 + rng.standard_normal(n), 1.0 + rng.random((n, arch.Q_MAX))
+    bins = np.zeros(n, dtype=int)
+    spreads = []
+    for scale in (0.1, 0.05):
+        r = 1.0 + scale * (base_r - 1.0)
+        lags = 1.0 + scale * (base_lags - 1.0)
+        resid, keep = arch.data_space_residuals(alpha, order, r, lags, bins)
+        assert keep.mean() == pytest.approx(0.8, abs=0.01)
+        spreads.append(np.abs(resid).max())
+    assert 6 < spreads[0] / spreads[1] < 10

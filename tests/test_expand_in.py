@@ -239,3 +239,25 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     eye = 1e-6 * np.eye(3)
     fd = [(sur.total(x + e)[0] - sur.total(x - e)[0]) / 2e-6 for e in eye]
     np.testing.assert_allclose(sur.gradient(x), fd, rtol=1e-5)
+
+
+def test_mh_expansion_not_finite_at_the_reference_falls_back_to_the_value_variables(
+    arch_block,
+):
+    """An expansion in expand_in that cannot be fitted is dropped with a warning, still exact."""
+    model, z = arch_block
+    with model:
+        step = RacingMetropolis([z], expand_in=["alpha"], proposal="normal", audit_every=1, rng=4)
+
+    def not_finite(mode, point):  # as a Deterministic's expansion with a NaN Hessian would
+        raise FloatingPointError("the log-likelihood is not finite at the reference")
+
+    step._fit_coordinate_surrogate = not_finite
+    with pytest.warns(UserWarning, match="expand_in dropped"):
+        _, st = mh_chain(step, model, 400)
+    assert step.coordinate_surrogate is None and step.surrogate is not None
+    point = model.initial_point()
+    assert step._proposal_surrogate(point) is step.surrogate  # the expansion in z
+    wrong = sum(s["n_wrong"] for s in st)
+    assert sum(s["n_audited"] for s in st) == 300
+    assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong  # error <= delta
