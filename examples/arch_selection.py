@@ -1119,7 +1119,8 @@ def data_space_residuals(
     (derivatives :func:`arch_derivatives`), whose sum over the bin follows from
     the bin's moments. Returns the residuals :math:`l_n - h_n` and a mask of the
     rows kept in the race: the share ``outliers`` of rows farthest from their
-    bin's mean (in standardised units) are evaluated exactly, as in the paper.
+    bin's mean (in units of the standard deviations of :math:`r` and :math:`s`
+    over all rows) are evaluated exactly, as in the paper.
     """
     a0, a, nu = alpha[0], alpha[1 : order + 1], alpha[order + 1] + 2
     s2 = a0 + lags[:, :order] @ a
@@ -1133,48 +1134,52 @@ def data_space_residuals(
         base = loglik_terms_alpha(alpha, order, np.array([rb]), None, s2=np.array([sb]))[0]
         h = base + lr * dr + ls * ds + 0.5 * (lrr * dr**2 + 2 * lrs * dr * ds + lss * ds**2)
         resid[rows] = terms[rows] - h
-        far[rows] = (dr / max(dr.std(), 1e-300)) ** 2 + (ds / max(ds.std(), 1e-300)) ** 2
+        far[rows] = (dr / r.std()) ** 2 + (ds / s2.std()) ** 2
     return resid, far <= np.quantile(far, 1 - outliers)
 
 
 def race_resolution(
     r: np.ndarray, lags: np.ndarray, pseudo: list[dict], draws: int = 10, seed: int = 7,
-    eps: float = 1e-3, tol: float = 0.25, n_bins: int = 10,
+    eps: float = 1e-3, tol: float = 0.25, bins: tuple = (10, 20), outliers: float = 0.2,
 ) -> dict:  # fmt: skip
     r"""How finely a q race can resolve its arms on these data, for each kind of reward.
 
     At ``draws`` product-space states (every order's :math:`z` a pseudoprior
     draw, as the unselected orders' are at each step), for every pair of orders
-    :math:`(j, k)` the race estimates :math:`\sum_n (e_{j,n} - e_{k,n})` from
-    :math:`m` of :math:`N` rows with a standard error of
-    :math:`N\,\mathrm{sd}_n(e_j - e_k)\sqrt{1/m - 1/N}`. Rewards: the raw terms
-    (no control variates); the residuals of the expansion the q race makes
-    (second order in :math:`\alpha` around the pseudoprior means, as in
-    :func:`expansion_residuals`); and the paper's data-space expansion
-    (:func:`data_space_residuals`; ``n_bins`` × ``n_bins`` bins by the marginal
-    quantiles of :math:`(r_n, s_n)` at the pseudoprior mean, 20% of rows
-    exact). Returns, per reward, the median and the largest over draws and
-    pairs of that spread, the median excess kurtosis over rows, and the rows
-    :math:`m` a race must read for a standard error of ``tol`` nats at the median
-    spread (:math:`m = 1/((\mathrm{tol}/(N\,\mathrm{sd}))^2 + 1/N)`).
+    :math:`(j, k)` a race that samples :math:`m` of the :math:`N_s` rows it
+    does not evaluate exactly estimates :math:`\sum_n (e_{j,n} - e_{k,n})` with a
+    standard error of :math:`N_s\,\mathrm{sd}_n(e_j - e_k)\sqrt{1/m - 1/N_s}`.
+    Rewards: the raw terms (no control variates); the residuals of the
+    expansion the q race makes (second order in :math:`\alpha` around the
+    pseudoprior means, as in :func:`expansion_residuals`); and the paper's
+    data-space expansion (:func:`data_space_residuals`, ``b`` × ``b`` bins by the
+    marginal quantiles of :math:`(r_n, s_n)` at the pseudoprior mean for each
+    ``b`` in ``bins``; a share ``outliers`` of the rows exact). Returns, per
+    reward, the median and the largest over draws and pairs of that spread, the
+    median excess kurtosis over rows, and the rows a race reads for a standard
+    error of ``tol`` nats at the median spread (the exact rows plus
+    :math:`m = 1/((\mathrm{tol}/(N_s\,\mathrm{sd}))^2 + 1/N_s)`).
     """
     rng = np.random.default_rng(seed)
     n_obs = len(r)
-    bins = []
+    labels = {b: f"data space, {b * b} bins (paper: 100)" for b in bins}
+    binnings = {b: [] for b in bins}
     for p in pseudo:
         alpha = softplus_alpha(p["mean"])
         s2 = alpha[0] + lags[:, : p["order"]] @ alpha[1 : p["order"] + 1]
-        cut = np.linspace(0, 1, n_bins + 1)[1:-1]
-        bins.append(
-            np.searchsorted(np.quantile(r, cut), r) * n_bins
-            + np.searchsorted(np.quantile(s2, cut), s2)
-        )
-    spreads = {"raw terms": [], "expansion in alpha (ours)": [], "data space (paper)": []}
-    kurtosis = {k: [] for k in spreads}
+        for b in bins:
+            cut = np.linspace(0, 1, b + 1)[1:-1]
+            binnings[b].append(
+                np.searchsorted(np.quantile(r, cut), r) * b
+                + np.searchsorted(np.quantile(s2, cut), s2)
+            )
+    kinds = ["raw terms", "expansion in alpha (ours)", *labels.values()]
+    spreads = {k: [] for k in kinds}
+    kurtosis = {k: [] for k in kinds}
     for _ in range(draws):
-        rows = {k: [] for k in spreads}
-        masks = []
-        for p, b in zip(pseudo, bins, strict=True):
+        rows = {k: [] for k in kinds}
+        masks = {k: [] for k in kinds}
+        for i, p in enumerate(pseudo):
             order, mean = p["order"], p["mean"]
             z = mean + np.linalg.cholesky(p["cov"]) @ rng.standard_normal(len(mean))
             base, alpha = softplus_alpha(mean), softplus_alpha(z)
@@ -1185,28 +1190,35 @@ def race_resolution(
             slope, curve = (f[1] - f[2]) / (2 * eps), (f[1] - 2 * f[0] + f[2]) / eps**2
             rows["raw terms"].append(f[3])
             rows["expansion in alpha (ours)"].append(f[3] - f[0] - slope - 0.5 * curve)
-            resid, keep = data_space_residuals(alpha, order, r, lags, b)
-            rows["data space (paper)"].append(resid)
-            masks.append(keep)
-        for kind, values in rows.items():
+            for k in ("raw terms", "expansion in alpha (ours)"):
+                masks[k].append(np.ones(n_obs, dtype=bool))
+            for b, label in labels.items():
+                resid, keep = data_space_residuals(alpha, order, r, lags, binnings[b][i], outliers)
+                rows[label].append(resid)
+                masks[label].append(keep)
+        for kind in kinds:
             for j in range(len(pseudo)):
                 for k in range(j):
-                    keep = masks[j] & masks[k] if kind == "data space (paper)" else slice(None)
-                    d = values[j][keep] - values[k][keep]
+                    keep = masks[kind][j] & masks[kind][k]
+                    d = rows[kind][j][keep] - rows[kind][k][keep]
                     sd = d.std()
-                    spreads[kind].append(sd)
+                    spreads[kind].append((sd, int(keep.sum())))
                     kurtosis[kind].append(((d - d.mean()) ** 4).mean() / sd**4 - 3)
     out = {}
-    for kind, sds in spreads.items():
+    for kind in kinds:
+        sds = np.array([x[0] for x in spreads[kind]])
+        pool = int(np.median([x[1] for x in spreads[kind]]))
         sd = float(np.median(sds))
+        m = 1 / ((tol / (pool * sd)) ** 2 + 1 / pool)
         out[kind] = {
             "median sd": sd,
             "largest sd": float(np.max(sds)),
             "median excess kurtosis": float(np.median(kurtosis[kind])),
-            "rows for tol": float(1 / ((tol / (n_obs * sd)) ** 2 + 1 / n_obs)),
+            "sampled rows": pool,
+            "se": [float(pool * sd * np.sqrt(1 / mm - 1 / pool)) for mm in (50, 800)],
+            "rows for tol": float(n_obs - pool + m),
         }
-    out["tol"] = tol
-    out["n_obs"] = n_obs
+    out["tol"], out["n_obs"] = tol, n_obs
     return out
 
 
@@ -1215,20 +1227,20 @@ def main_residuals() -> None:
     r, lags = lagged_squares(sp500_returns(N_RETURNS))
     pseudo = fit_pseudopriors(r, lags, draws=500)
     res = race_resolution(r, lags, pseudo)
-    n_obs, tol = res["n_obs"], res["tol"]
+    n_obs, tol = res.pop("n_obs"), res.pop("tol")
     lines = [
-        "| reward | sd of a pairwise difference per row: median (largest) | "
-        "excess kurtosis (median) | standard error of the sum at m = 50 / 800 rows (nats) | "
-        f"rows for a standard error of {tol} nats |",
-        "|---|---|---|---|---|",
+        "| reward | rows evaluated exactly | sd of a pairwise difference per sampled row: "
+        "median (largest) | excess kurtosis (median) | standard error of the sum from "
+        "m = 50 / 800 sampled rows (nats) | rows read for a standard error of "
+        f"{tol} nats |",
+        "|---|---|---|---|---|---|",
     ]
-    for kind in ("raw terms", "expansion in alpha (ours)", "data space (paper)"):
-        x = res[kind]
-        se = [n_obs * x["median sd"] * np.sqrt(1 / m - 1 / n_obs) for m in (50, 800)]
+    for kind, x in res.items():
         lines.append(
-            f"| {kind} | {x['median sd']:.2e} ({x['largest sd']:.2e}) | "
-            f"{x['median excess kurtosis']:.0f} | {se[0]:.2f} / {se[1]:.2f} | "
-            f"{min(x['rows for tol'], n_obs):,.0f} of {n_obs:,} |"
+            f"| {kind} | {n_obs - x['sampled rows']:,} | {x['median sd']:.2e} "
+            f"({x['largest sd']:.2e}) | {x['median excess kurtosis']:.0f} | "
+            f"{x['se'][0]:.2f} / {x['se'][1]:.2f} | {min(x['rows for tol'], n_obs):,.0f} of "
+            f"{n_obs:,} |"
         )
     note = (
         f"\n\nN = {n_obs:,} returns; 10 product-space states (each order's z a pseudoprior "
