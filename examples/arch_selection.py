@@ -1039,6 +1039,19 @@ def loglik_terms_alpha(alpha: np.ndarray, order: int, r: np.ndarray, lags, s2=No
     return const - 0.5 * np.log(s2) - (nu + 1) / 2 * np.log1p(r**2 / (nu * s2))
 
 
+def second_order_residuals(terms, base: np.ndarray, d: np.ndarray, eps: float = 1e-3) -> tuple:
+    r"""Residuals of the second-order expansion of ``terms`` along ``d`` from ``base``.
+
+    With :math:`f_n(t) = l_n(\text{base} + t\,d)`: :math:`e_n = f_n(1) - f_n(0) -
+    f_n'(0) - f_n''(0)/2`, the derivatives by central differences of step ``eps``.
+    Returns ``(e, f(0), f(1))``.
+    """
+    f = [terms(base + t * d) for t in (0.0, eps, -eps, 1.0)]
+    slope = (f[1] - f[2]) / (2 * eps)
+    curve = (f[1] - 2 * f[0] + f[2]) / eps**2
+    return f[3] - f[0] - slope - 0.5 * curve, f[0], f[3]
+
+
 def expansion_residuals(
     r: np.ndarray, lags: np.ndarray, pseudo: list[dict], seed: int = 7, eps: float = 1e-3
 ) -> dict:
@@ -1063,10 +1076,8 @@ def expansion_residuals(
     out = {}
 
     def spread(terms, base, d):
-        f = [terms(base + t * d) for t in (0.0, eps, -eps, 1.0)]
-        slope = (f[1] - f[2]) / (2 * eps)
-        curve = (f[1] - 2 * f[0] + f[2]) / eps**2
-        return float(np.std(f[3] - f[0] - slope - 0.5 * curve)), float(np.std(f[3] - f[0]))
+        resid, f0, f1 = second_order_residuals(terms, base, d, eps)
+        return float(np.std(resid)), float(np.std(f1 - f0))
 
     for p in pseudo:
         order, mean = p["order"], p["mean"]
@@ -1183,13 +1194,10 @@ def race_resolution(
             order, mean = p["order"], p["mean"]
             z = mean + np.linalg.cholesky(p["cov"]) @ rng.standard_normal(len(mean))
             base, alpha = softplus_alpha(mean), softplus_alpha(z)
-            f = [
-                loglik_terms_alpha(base + t * (alpha - base), order, r, lags)
-                for t in (0.0, eps, -eps, 1.0)
-            ]
-            slope, curve = (f[1] - f[2]) / (2 * eps), (f[1] - 2 * f[0] + f[2]) / eps**2
-            rows["raw terms"].append(f[3])
-            rows["expansion in alpha (ours)"].append(f[3] - f[0] - slope - 0.5 * curve)
+            in_alpha = lambda a, order=order: loglik_terms_alpha(a, order, r, lags)  # noqa: E731
+            resid, _, terms = second_order_residuals(in_alpha, base, alpha - base, eps)
+            rows["raw terms"].append(terms)
+            rows["expansion in alpha (ours)"].append(resid)
             for k in ("raw terms", "expansion in alpha (ours)"):
                 masks[k].append(np.ones(n_obs, dtype=bool))
             for b, label in labels.items():

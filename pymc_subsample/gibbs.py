@@ -302,13 +302,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._fixed_reference = None
         self._reference = None
         self._expansion_cache: dict = {}
+        self._check_expand_in(expand_in, "pass control_variates=True or a reference point as well")
         if not self.control_variates:
-            if expand_in:
-                raise ValueError(
-                    "expand_in names the coordinates of the control variates' expansion, "
-                    "and control_variates is off: pass control_variates=True or a reference "
-                    "point as well"
-                )
             return
         if expand_in:
             self.terms.expand_in(expand_in)
@@ -407,14 +402,13 @@ class SubsampledCategoricalGibbs(RacingStep):
         terms = self.terms
         n_obs, n_cat = terms.n_obs, self.n_categories[0]
         values = self._values[0]
-        log_f0 = self._constant_f0
-        if log_f0 is None:
-            log_f0 = terms.log_f0([values], point)
-            if not np.isfinite(log_f0).all():  # the Python race handles -inf candidates
-                return None
-            if terms.log_f0_is_constant:  # the same at every draw
-                self._constant_f0, self._constant_f0_has_inf = log_f0, False
-        elif self._constant_f0_has_inf:
+        log_f0 = self._lone_log_f0(point)
+        has_inf = (  # the Python race handles -inf candidates
+            self._constant_f0_has_inf
+            if self._constant_f0 is not None
+            else not np.isfinite(log_f0).all()
+        )
+        if has_inf:
             return None
         noise = self._lean_random(n_cat)
         n_raced = 0
@@ -441,6 +435,16 @@ class SubsampledCategoricalGibbs(RacingStep):
         point[self.vars[0].name] = np.array(values[value])
         stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, AUDIT_NOT_RUN)
         return point, [stats]
+
+    def _lone_log_f0(self, point) -> np.ndarray:
+        r""":math:`\log f_0` of a lone scalar's values; computed once when it does not vary."""
+        if self._constant_f0 is not None:
+            return self._constant_f0
+        log_f0 = self.terms.log_f0([self._values[0]], point)
+        if self.terms.log_f0_is_constant:  # the same at every draw
+            self._constant_f0 = log_f0
+            self._constant_f0_has_inf = not np.isfinite(log_f0).all()
+        return log_f0
 
     def _lone_totals(self, point):
         """``totals(arms)`` of a lone scalar: each value's sum of terms in one fused pass."""
@@ -484,13 +488,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             for k in range(flat.size):
                 if lone and flat.size == 1:  # a lone scalar: the values
                     cands = [values]
-                    if self._constant_f0 is None:
-                        log_f0 = terms.log_f0(cands, point)
-                        if terms.log_f0_is_constant:  # the same at every draw
-                            self._constant_f0 = log_f0
-                            self._constant_f0_has_inf = not np.isfinite(log_f0).all()
-                    else:
-                        log_f0 = self._constant_f0
+                    log_f0 = self._lone_log_f0(point)
                 else:
                     cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
                     cand_j = np.repeat(flat[None], n_cat, axis=0)

@@ -60,6 +60,16 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 MAX_SECOND_ORDER_INPUTS = 400
 
 
+def _per_observation(lp):
+    """Sum a log density over every axis but the first (the observations')."""
+    return lp.sum(axis=tuple(range(1, lp.ndim))) if lp.ndim > 1 else lp
+
+
+def _flat_graph(values: Sequence):
+    """Return the graphs ``values`` raveled and concatenated as one float64 vector."""
+    return pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+
+
 def model_deterministics(model, variables: str | Sequence) -> list:
     """Return the Deterministics named in ``variables`` (a name, names or variables) of ``model``.
 
@@ -220,9 +230,7 @@ class ObservationTerms:
                 scalar_obs.append(lp)
                 continue
             self._reject_numpy_observed(model, rv)
-            if lp.ndim > 1:
-                lp = lp.sum(axis=tuple(range(1, lp.ndim)))
-            per_obs.append(lp)
+            per_obs.append(_per_observation(lp))
             observed.append(rv.name)
             per_obs_rvs.append(rv)
         if not per_obs:
@@ -709,9 +717,7 @@ class ObservationTerms:
             [new_rv] = replace_rvs_by_values(
                 [rv], rvs_to_values=mapping, rvs_to_transforms=model.rvs_to_transforms
             )
-            lp = logp(new_rv, model.rvs_to_values[rv])
-            if lp.ndim > 1:
-                lp = lp.sum(axis=tuple(range(1, lp.ndim)))
+            lp = _per_observation(logp(new_rv, model.rvs_to_values[rv]))
             total = lp if total is None else total + lp
         return total
 
@@ -768,7 +774,7 @@ class ObservationTerms:
             v: flat_ref[a:b].reshape(sh).astype(v.dtype)
             for v, a, b, sh in zip(coords, bounds[:-1], bounds[1:], shapes, strict=True)
         }
-        flat_psi = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        flat_psi = _flat_graph(values)
         batch = dict(zip(self.vars, self._cands, strict=True))
 
         def residual(graph):
@@ -813,7 +819,7 @@ class ObservationTerms:
         Returns ``(fn, shapes)``: ``fn(*inputs)`` returns ``[flat, *shapes]``;
         ``shapes`` are the values' shapes at ``point``.
         """
-        flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        flat = _flat_graph(values)
         fn = self._model.compile_fn(
             [flat, *[v.shape for v in values]], inputs=inputs, point_fn=False,
             **self._compile_kwargs,
@@ -1003,7 +1009,7 @@ class ObservationTerms:
         values = self._model.replace_rvs_by_values(list(coordinates))
         inputs = [*self.vars, *self.inputs]
         fn, shapes = self._flat_values(values, inputs, point)
-        flat = pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
+        flat = _flat_graph(values)
         v_in = pt.dvector("cotangent")
         pull = pytensor.grad((flat * v_in).sum(), self.vars)
         pull_fn = self._model.compile_fn(

@@ -273,12 +273,8 @@ class RacingMetropolis(RacingStep):
         self.control_variates = bool(control_variates)
         self._coordinates, self._to_coordinates, self._pullback = [], None, None
         self._coordinate_shapes: list = []
+        self._check_expand_in(expand_in, "leave control_variates=True")
         if expand_in:
-            if not self.control_variates:
-                raise ValueError(
-                    "expand_in names the coordinates of the control variates' expansion, and "
-                    "control_variates is off: leave control_variates=True"
-                )
             self._coordinates = model_deterministics(self.model, expand_in)
             self._to_coordinates, self._pullback, self._coordinate_shapes = (
                 self.terms.block_coordinates(self._coordinates, point)
@@ -611,7 +607,7 @@ class RacingMetropolis(RacingStep):
 
         Returns the terms evaluated.
         """
-        ref = self._to_coordinates(self._split(mode), point)
+        ref = self._coordinates_at(mode, point)
         shapes, coords = self._coordinate_shapes, self._coordinates
         value, grad, hess = self.terms.taylor_sums(ref, point, shapes, coordinates=coords)
         if not (np.isfinite(value) and np.isfinite(hess).all()):
@@ -628,9 +624,13 @@ class RacingMetropolis(RacingStep):
             return self.surrogate
         return CoordinateSurrogate(
             cv,
-            lambda theta: self._to_coordinates(self._split(theta), point),
+            lambda theta: self._coordinates_at(theta, point),
             lambda theta, v: self._flatten(self._pullback(self._split(theta), v, point)),
         )
+
+    def _coordinates_at(self, theta: np.ndarray, point: dict) -> np.ndarray:
+        """Flat values of the ``expand_in`` Deterministics at the flat block ``theta``."""
+        return self._to_coordinates(self._split(theta), point)
 
     def _hmc(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, float]:
         """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
@@ -771,7 +771,7 @@ class RacingMetropolis(RacingStep):
             if self.coordinate_surrogate is not None:  # expanded in the Deterministics
                 sur, coords = self.coordinate_surrogate, self._coordinates
                 shapes = self._coordinate_shapes
-                rows = np.stack([self._to_coordinates(self._split(r), point) for r in pair])
+                rows = np.stack([self._coordinates_at(r, point) for r in pair])
             h_total = sur.total(rows)
             exact_part += h_total[1] - h_total[0]
 

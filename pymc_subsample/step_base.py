@@ -173,6 +173,14 @@ class RacingStep(BlockedStep):
 
     # -- settings ------------------------------------------------------------------
 
+    def _check_expand_in(self, expand_in, fix: str) -> None:
+        """Refuse ``expand_in`` without control variates, whose expansion it is in."""
+        if expand_in and not self.control_variates:
+            raise ValueError(
+                "expand_in names the coordinates of the control variates' expansion, and "
+                f"control_variates is off: {fix}"
+            )
+
     def _plan_races(self, exact_fraction, n_cands: int) -> None:
         """Resolve ``batch_size="auto"`` and ``exact_fraction``; build :attr:`race_config`.
 
