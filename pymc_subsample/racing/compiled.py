@@ -318,14 +318,19 @@ class CompiledRace:
         _, _, _, _, n_evals, n_rounds, winner = self._out_ints.tolist()
         return winner, n_evals, n_rounds
 
-    def state(self) -> RaceState:
-        """Return the :class:`~pymc_subsample.racing.race.RaceState` after the last launch."""
+    def state(self, offsets: np.ndarray) -> RaceState:
+        """Return the :class:`~pymc_subsample.racing.race.RaceState` after the last launch.
+
+        ``offsets`` are the arms' offsets that launch ran with.
+        """
         na, n_drawn, ref, n_ref, n_evals, n_rounds, winner = self._out_ints.tolist()
         reals = self._out_reals
+        alive = self._out_alive[:na].copy()
+        rows = np.empty((4, na))
+        rows[:3] = reals[:3, :na]
+        rows[3] = offsets[alive]
         return RaceState(
-            self._out_alive[:na].copy(), n_drawn, reals[0, :na].copy(), ref, n_ref,
-            reals[1, :na].copy(), reals[2, :na].copy(), reals[3].copy(), n_evals, n_rounds,
-            winner,
+            alive, n_drawn, rows, ref, n_ref, reals[3].copy(), n_evals, n_rounds, winner
         )  # fmt: skip
 
     def run(
@@ -343,11 +348,11 @@ class CompiledRace:
         to end the race with.
         """
         status = self.launch(candidates, data, others, new_seed(rng), offsets)
-        return self.kernel.with_offsets(offsets), self.state(), status
+        return self.kernel.with_offsets(offsets), self.state(offsets), status
 
     def finish(self, status: int, offsets: np.ndarray, totals: TotalsFn) -> RaceResult:
         """End the race of the last launch: its result, exact pass or rescue through ``totals``."""
-        kernel, state = self.kernel.with_offsets(offsets), self.state()
+        kernel, state = self.kernel.with_offsets(offsets), self.state(offsets)
         if status == DECIDED:
             return kernel.result(state)
         if status == EXACT_PASS:

@@ -42,7 +42,7 @@ from .common import (
     exact_totals,
     validate_race_args,
 )
-from .kernels import look_marginal, look_normal, look_pairwise, stuck_arms
+from .kernels import look_marginal, look_pairwise, look_rows, stuck_rows
 from .schedule import ExactSwitch, doubling_schedule, position_stream
 
 __all__ = [
@@ -57,6 +57,8 @@ __all__ = [
 
 #: Names accepted by ``RaceConfig.batches``.
 BATCHES = ("blocks", "random", "windows")
+
+_FLOAT64 = np.dtype(np.float64)  # a singleton: ``is`` tests it faster than ``==``
 
 
 @dataclass(frozen=True)
@@ -206,18 +208,24 @@ class RaceState(NamedTuple):
         int64 indices of the surviving arms.
     n_drawn : int
         Observations drawn so far (shared by the survivors).
-    mean : numpy.ndarray
-        Running mean reward of each survivor (offsets excluded).
+    rows : numpy.ndarray
+        ``(4, len(alive))``, one row each (also read as the properties of the
+        same names):
+
+        - ``mean``, the running mean reward of each survivor (offsets excluded);
+        - ``dmean``, pairwise: the mean difference of the leader's rewards and
+          each survivor's;
+        - ``m2``, the centred sums of squares of those differences (pairwise),
+          or of each survivor's rewards (marginal);
+        - ``offset``, each survivor's offset.
+
+        One array, so that a look passes and returns one
+        (:func:`~pymc_subsample.racing.kernels.look_rows`).
     ref : int
         Pairwise: position in ``alive`` of the leader whose differences
         ``dmean`` and ``m2`` track (−1: none).
     n_ref : int
         Pairwise: observations behind ``dmean`` and ``m2``.
-    dmean : numpy.ndarray
-        Pairwise: mean difference of the leader's rewards and each survivor's.
-    m2 : numpy.ndarray
-        Centred sums of squares of those differences (pairwise), or of each
-        survivor's rewards (marginal).
     means : numpy.ndarray
         Mean reward plus offset of every arm when it left the race (NaN while
         it races or if never evaluated; −inf for −inf rewards).
@@ -231,19 +239,37 @@ class RaceState(NamedTuple):
 
     alive: np.ndarray
     n_drawn: int
-    mean: np.ndarray
+    rows: np.ndarray
     ref: int
     n_ref: int
-    dmean: np.ndarray
-    m2: np.ndarray
     means: np.ndarray
     n_evaluations: int
     n_rounds: int
     winner: int
 
+    @property
+    def mean(self) -> np.ndarray:
+        """Running mean reward of each survivor (offsets excluded)."""
+        return self.rows[0]
 
-#: The state before the first look, per number of arms (see :meth:`SharedRace.init`).
-_INITIAL_STATES: dict[int, RaceState] = {}
+    @property
+    def dmean(self) -> np.ndarray:
+        """Pairwise: mean difference of the leader's rewards and each survivor's."""
+        return self.rows[1]
+
+    @property
+    def m2(self) -> np.ndarray:
+        """Centred sums of squares of the differences (pairwise) or rewards (marginal)."""
+        return self.rows[2]
+
+    @property
+    def offset(self) -> np.ndarray:
+        """Offset of each survivor."""
+        return self.rows[3]
+
+
+#: ``(alive, means)`` of the state before the first look, per number of arms (never written).
+_INITIAL: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 class SharedRace:
@@ -284,18 +310,16 @@ class SharedRace:
     def init(self) -> RaceState:
         """State before the first look: every arm alive, nothing drawn.
 
-        The same state object for every race of ``n_arms`` arms: updates never
-        write into a state's arrays, they return new ones.
+        Races of ``n_arms`` arms share its ``alive`` and ``means`` arrays:
+        updates never write into a state's arrays, they return new ones.
         """
-        state = _INITIAL_STATES.get(self.n_arms)
-        if state is None:
-            d = self.n_arms
-            zeros = np.zeros(d)
-            means = np.full(d, np.nan)
-            winner = -1 if d > 1 else 0
-            state = RaceState(np.arange(d), 0, zeros, -1, 0, zeros, zeros, means, 0, 0, winner)
-            _INITIAL_STATES[d] = state
-        return state
+        d = self.n_arms
+        first = _INITIAL.get(d)
+        if first is None:
+            first = _INITIAL[d] = (np.arange(d), np.full(d, np.nan))
+        rows = np.zeros((4, d))
+        rows[3] = self.offsets
+        return RaceState(first[0], 0, rows, -1, 0, first[1], 0, 0, -1 if d > 1 else 0)
 
     def update(self, state: RaceState, batch: np.ndarray) -> RaceState:
         """Merge the survivors' rewards on the next look and eliminate; return the new state.
@@ -319,49 +343,47 @@ class SharedRace:
         ValueError
             When a reward is NaN or +inf.
         """
-        alive, mean, ref, dmean, m2, means = (
-            state.alive, state.mean, state.ref, state.dmean, state.m2, state.means
-        )  # fmt: skip
         n_prev = state.n_drawn
         size = n_prev + batch.shape[1]
         n_evals = state.n_evaluations + batch.size
         n_rounds = state.n_rounds + 1
         if size < self.n_obs and self.normal:  # the common case: one compiled call
             factor, floor = self._widths.get(size) or self._width(size)
-            out = look_normal(
-                batch, n_prev, mean, ref, state.n_ref, dmean, m2, self.offsets[alive],
-                factor, floor, self.pairwise, self._guard, self.n_obs, self._cantelli,
+            new = np.empty((5, batch.shape[0]))
+            lead, n_ref, n_keep = look_rows(
+                batch, n_prev, state.rows, state.ref, state.n_ref, factor, floor,
+                self.pairwise, self._guard, self.n_obs, self._cantelli, new,
             )  # fmt: skip
-            if out[1] >= 0:
-                return self._drop(state, out, size, n_evals, n_rounds)
+            if lead >= 0:
+                return self._drop(state, new, lead, n_ref, n_keep, size, n_evals, n_rounds)
         elif size < self.n_obs:  # Racing-EBS
             factor, floor = self._widths.get(size) or self._width(size)
+            mean, dmean, m2, offsets = state.rows
             if self.pairwise:
                 out = look_pairwise(
-                    batch, n_prev, mean, ref, state.n_ref, dmean, m2,
-                    self.offsets[alive], factor, floor,
+                    batch, n_prev, mean, state.ref, state.n_ref, dmean, m2, offsets, factor,
+                    floor,
                 )  # fmt: skip
             else:
-                out = look_marginal(batch, n_prev, mean, m2, self.offsets[alive], factor, floor)
+                out = look_marginal(batch, n_prev, mean, m2, offsets, factor, floor)
             if out[1] >= 0:
                 return self._eliminate(state, batch, out, size)
         elif np.isfinite(batch.sum()):
             return self._final(state, batch, size)
         check_reward_values(batch)  # NaN and +inf are errors; -inf drops the arm
         # an arm with a -inf term can never win
+        alive, ref = state.alive, state.ref
         finite_rows = np.isfinite(batch).all(axis=1)
         rows = np.flatnonzero(finite_rows)
-        means = means.copy()
+        means = state.means.copy()
         means[alive[~finite_rows]] = -np.inf
         ref = int(np.searchsorted(rows, ref)) if ref in rows else -1
-        alive, batch, mean, dmean, m2 = (
-            alive[rows], batch[rows], mean[rows], dmean[rows], m2[rows]
-        )  # fmt: skip
+        batch = batch[rows]
         dropped = state._replace(
-            alive=alive, mean=mean, ref=ref, dmean=dmean, m2=m2, means=means,
+            alive=alive[rows], rows=state.rows[:, rows], ref=ref, means=means,
             n_evaluations=n_evals - batch.size,
         )  # fmt: skip
-        if len(alive) == 0:
+        if len(dropped.alive) == 0:
             return dropped._replace(n_drawn=size, n_evaluations=n_evals, n_rounds=n_rounds)
         return self.update(dropped, batch)
 
@@ -391,9 +413,9 @@ class SharedRace:
         if state.n_drawn >= t_last:
             return False
         factor, floor = self._widths[t_last]
-        stuck = stuck_arms(
-            state.mean, self.offsets[state.alive], state.m2, state.ref, state.n_ref,
-            state.n_drawn, self.pairwise, factor, floor, self.n_obs,
+        stuck = stuck_rows(
+            state.rows, state.ref, state.n_ref, state.n_drawn, self.pairwise, factor, floor,
+            self.n_obs,
         )  # fmt: skip
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
@@ -409,7 +431,7 @@ class SharedRace:
         """Exact look on the last observations: only the means matter."""
         alive = state.alive
         score = (state.mean * state.n_drawn + batch.sum(axis=1)) / self.n_obs
-        score += self.offsets[alive]
+        score += state.offset
         means = state.means.copy()
         means[alive] = score
         return state._replace(
@@ -420,27 +442,27 @@ class SharedRace:
             winner=int(alive[int(score.argmax())]),
         )
 
-    def _drop(self, state: RaceState, out: tuple, size: int, n_evals: int, n_rounds: int):
-        """Apply a :func:`~pymc_subsample.racing.kernels.look_normal` verdict to the state.
+    def _drop(self, state, new, lead, n_ref, n_keep, size, n_evals, n_rounds) -> RaceState:
+        """Apply a :func:`~pymc_subsample.racing.kernels.look_rows` verdict to the state.
 
-        ``out`` is ``(stats, lead, n_ref, n_keep, keep)`` as that look returns
-        it; ``stats`` is any three rows ``mean, dmean, m2``.
+        ``new, lead, n_ref, n_keep`` as that look returns them: ``new`` the
+        merged rows ``mean, dmean, m2, offset`` and then ``keep``.
         """
-        stats, lead, n_ref, n_keep, keep = out
-        mean, dmean, m2 = stats
         alive = state.alive
         ref = lead if self.pairwise else -1
         means = state.means
         if n_keep < len(alive) and len(alive) > 1:
-            offsets = self.offsets[alive]
+            keep = new[4] != 0.0
             gone = ~keep
             means = means.copy()
-            means[alive[gone]] = mean[gone] + offsets[gone]
+            means[alive[gone]] = new[0, gone] + new[3, gone]
             if ref >= 0:
                 ref = int(np.count_nonzero(keep[:ref]))
-            alive, mean, dmean, m2 = alive[keep], mean[keep], dmean[keep], m2[keep]
+            alive, rows = alive[keep], new[:4, keep]
+        else:
+            rows = new[:4]
         winner = int(alive[0]) if len(alive) == 1 else -1
-        return RaceState(alive, size, mean, ref, n_ref, dmean, m2, means, n_evals, n_rounds, winner)
+        return RaceState(alive, size, rows, ref, n_ref, means, n_evals, n_rounds, winner)
 
     def _eliminate(self, state: RaceState, batch: np.ndarray, out: tuple, size: int):
         """Racing-EBS: apply the compiled look's statistics and the EBS eliminations."""
@@ -450,11 +472,12 @@ class SharedRace:
             mean, lead, n_ref, dmean, m2, keep, _ = out
         else:
             (mean, lead, m2, keep, _), n_ref, dmean = out, state.n_ref, state.dmean
+        offsets = state.offset
         if len(state.alive) > 1:
-            keep = self._ebs_keep(batch, mean + self.offsets[state.alive], lead, m2, n_ref, size)
+            keep = self._ebs_keep(batch, mean + offsets, lead, m2, n_ref, size)
+        new = np.stack([mean, dmean, m2, offsets, keep.astype(float)])
         n_keep = int(np.count_nonzero(keep))
-        out = ((mean, dmean, m2), lead, n_ref, n_keep, keep)
-        return self._drop(state, out, size, n_evals, n_rounds)
+        return self._drop(state, new, lead, n_ref, n_keep, size, n_evals, n_rounds)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
@@ -474,7 +497,7 @@ class SharedRace:
 
     def exact_look(self, state: RaceState, sums: np.ndarray, n_evaluations: int) -> RaceState:
         """Decide among the survivors from their exact sums over all observations."""
-        score = sums / self.n_obs + self.offsets[state.alive]
+        score = sums / self.n_obs + state.offset
         means = state.means.copy()
         means[state.alive] = score
         winner = int(state.alive[argmax_or_raise(score)])
@@ -493,10 +516,10 @@ class SharedRace:
             i = alive[0]
             if np.isnan(means[i]):
                 means = means.copy()
-                means[i] = state.mean[0] + self.offsets[i]
+                means[i] = state.rows[0, 0] + state.rows[3, 0]
         elif np.isnan(means[alive]).any():
             means = means.copy()
-            means[alive] = state.mean + self.offsets[alive]
+            means[alive] = state.mean + state.offset
         exhausted = state.n_drawn >= self.n_obs
         return RaceResult(
             state.winner, state.n_evaluations, state.n_rounds, exhausted, state.n_drawn, means
@@ -586,7 +609,7 @@ def race_shared(
         positions = stream.take(k)
         k = len(positions) if not isinstance(positions, slice) else k
         batch = rewards(alive, positions)
-        if batch.shape != (len(alive), k) or batch.dtype != np.float64:
+        if batch.dtype is not _FLOAT64 or batch.shape != (len(alive), k):
             batch = as_reward_batch(batch, len(alive), k)
         if not batch.flags.c_contiguous:  # the compiled look vectorizes on C order only
             batch = np.ascontiguousarray(batch)

@@ -188,14 +188,18 @@ def _bucket_sorted(idx, n):  # pragma: no cover - compiled
 def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
     """Positions of blocks ``ids``, block after block, the last block cut at ``n``."""
     out = np.empty(len(ids) * block, dtype=np.int64)
+    return out[: _write_blocks(ids, block, n, out)]
+
+
+@njit(cache=True)
+def _write_blocks(ids, block, n, out):  # pragma: no cover - compiled
+    """Write the positions of blocks ``ids`` (as :func:`_expand_blocks`) into ``out``; count."""
     j = 0
     for i in ids:
-        start = i * block
-        stop = min(start + block, n)
-        for p in range(start, stop):
+        for p in range(i * block, min(i * block + block, n)):
             out[j] = p
             j += 1
-    return out[:j]
+    return j
 
 
 @njit(cache=True)
@@ -225,12 +229,16 @@ def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - com
     """Draw ``k`` unmarked blocks (:func:`_draw_fresh`, bucket-sorted above 512) and expand them.
 
     One compiled call for what :class:`IndexStream` and :class:`RandomBlocks`
-    do in three; returns ``(ids, positions)``.
+    do in three; returns one array, the positions and then the ``k`` block
+    ids (one array boxed for Python instead of two).
     """
     ids = _draw_fresh(bits, n_blocks, k, state)
     if k > 512:
         ids = _bucket_sorted(ids, n_blocks)
-    return ids, _expand_blocks(ids, block, n)
+    out = np.empty(k * block + k, dtype=np.int64)
+    j = _write_blocks(ids, block, n, out)
+    out[j : j + k] = ids
+    return out[: j + k]
 
 
 @njit(cache=True)
@@ -495,8 +503,9 @@ class RandomBlocks:
         ):  # the common case: one compiled call
             if blocks._seed is None:
                 blocks._seed = blocks.new_seed()
-            ids, pos = _fresh_blocks(blocks._entry[0], blocks.n, want, blocks._seed, b, self.n)
-            blocks._chunks.append(ids)
+            out = _fresh_blocks(blocks._entry[0], blocks.n, want, blocks._seed, b, self.n)
+            pos = out[:-want]
+            blocks._chunks.append(out[-want:])
             blocks.n_drawn += want
             if len(pos) >= k:
                 self.n_drawn += len(pos)
