@@ -39,7 +39,7 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 OUT = OUT / "racing_overhead.md"
 
 
-def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int = 30) -> float:
+def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int = 10) -> float:
     buffers = {}
 
     def rewards(arms, idx):  # preallocated zeros of the right shape (blocks round batches up)
@@ -62,7 +62,7 @@ def per_look(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int 
     rng = np.random.default_rng(0)
     race_shared(rewards, n_arms, n_obs, config, rng=rng, totals=totals)  # compile, cache
     best = np.inf
-    for _ in range(3):
+    for _ in range(15):  # the machine's noise comes in bursts: the best of many short runs
         t0 = time.perf_counter()
         for _ in range(reps):
             race_shared(rewards, n_arms, n_obs, config, rng=rng, totals=totals)
@@ -75,7 +75,7 @@ def _zero_rewards(cand, rows):  # the compiled race's reward function: zeros, no
     return (np.zeros((len(cand), len(rows))),)
 
 
-def per_look_compiled(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int = 30):
+def per_look_compiled(n_arms: int, variance: str, batch: int, looks: int = 40, reps: int = 10):
     """Microseconds per look of a compiled race (race_compiled), rewards of zeros (allocated)."""
     config = RaceConfig(
         schedule=tuple(batch * (k + 1) for k in range(looks)),
@@ -96,7 +96,7 @@ def per_look_compiled(n_arms: int, variance: str, batch: int, looks: int = 40, r
 
     run()  # compile
     best = np.inf
-    for _ in range(3):
+    for _ in range(15):  # the machine's noise comes in bursts: the best of many short runs
         t0 = time.perf_counter()
         for _ in range(reps):
             run()
@@ -170,7 +170,7 @@ def main():
         "# Racing bookkeeping cost per look",
         "",
         "Regenerate with `python benchmarks/racing_overhead.py`. Microseconds per look, "
-        "rewards excluded, all D arms alive (best of 3 repetitions).",
+        "rewards excluded, all D arms alive (best of 15 repetitions).",
         "",
         *look_header(batches),
     ]

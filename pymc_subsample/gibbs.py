@@ -294,6 +294,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._set_control_variates(control_variates, expand_in)
         self._plan_races(exact_fraction, max(self.n_categories))
         self._plan_compiled()
+        #: A lone scalar decided exactly at every draw: :meth:`_lean_step` draws it.
+        self._lean_exact = (
+            self.decides_exactly
+            and len(self.vars) == 1
+            and np.size(self.initial_point[self.vars[0].name]) == 1
+        )
 
     # -- control variates ------------------------------------------------------------
 
@@ -386,7 +392,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     def step(self, point):
         """Redraw every element of the block; return the new point and the stats."""
         audit = self._begin_draw()
-        if self._compiled and not audit:
+        if (self._compiled and not audit) or self._lean_exact:  # exact draws need no audit
             drawn = self._lean_step(point)
             if drawn is not None:
                 return drawn
@@ -397,7 +403,9 @@ class SubsampledCategoricalGibbs(RacingStep):
 
         The same draw as the general path (Gumbel-max, race, back-off), for
         the common case: no audit, every :math:`\log f_0` finite. Returns
-        None, having drawn nothing, when that case does not hold.
+        None, having drawn nothing, when that case does not hold. A lone
+        scalar decided exactly at every draw takes it too, compiled races or
+        not: Gumbel-max on one fused pass.
         """
         terms = self.terms
         n_obs, n_cat = terms.n_obs, self.n_categories[0]
@@ -413,9 +421,13 @@ class SubsampledCategoricalGibbs(RacingStep):
         noise = self._lean_random(n_cat)
         n_raced = 0
         if self.decides_exactly or self._backing_off(LONE_KEY):
-            totals = self._lone_totals(point)
-            value, res = self._exact_draw(log_f0, totals, noise, n_obs)
-            n_evals, n_rounds, exhausted = res.n_evaluations, res.n_rounds, res.exhausted
+            totals = terms.loglik_sum([values], point)
+            score = log_f0 + totals + noise
+            if np.isfinite(score).all():  # the usual case, with none of the checks below
+                value, n_evals, n_rounds, exhausted = int(score.argmax()), n_obs * n_cat, 1, True
+            else:
+                value, res = self._exact_draw(log_f0, totals.__getitem__, noise, n_obs)
+                n_evals, n_rounds, exhausted = res.n_evaluations, res.n_rounds, res.exhausted
         else:
             n_raced = 1
             race = self._compiled_race

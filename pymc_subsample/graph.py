@@ -342,6 +342,7 @@ class ObservationTerms:
         )
         self._rows_fn.trust_input = True  # inputs are coerced before the call
         self._exact_fn.trust_input = True
+        self._totals_fn.trust_input = True
         self._window_fn = None
         if windows:
             self._window_fn = model.compile_fn(
@@ -615,8 +616,8 @@ class ObservationTerms:
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
         whole = self._whole if self._permuted else ()
-        out = self._totals_fn(*candidates, *whole, *self._others(point))
-        return np.asarray(out, dtype=np.float64)
+        cands, others = self._exact_arrays(candidates, point)
+        return np.asarray(self._totals_fn(*cands, *whole, *others), dtype=np.float64)
 
     def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""

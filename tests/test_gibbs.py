@@ -305,7 +305,9 @@ def test_vector_categorical_updates_each_element():
     assert all(s["n_evals"] >= 2 * 2 * 50 for s in st)  # two races per draw
 
 
-def test_impossible_candidates_are_never_drawn():
+@pytest.mark.parametrize("bound", ["normal", "exact"])
+def test_impossible_candidates_are_never_drawn(bound):
+    """A -inf term rules a value out, raced or decided exactly (the lean exact draw)."""
     rng = np.random.default_rng(6)
     y = rng.uniform(0.0, 1.5, size=800)
     with pm.Model() as model:
@@ -313,7 +315,7 @@ def test_impossible_candidates_are_never_drawn():
         q = pm.Categorical("q", p=np.array([0.9, 0.05, 0.05]))
         upper = pt.as_tensor(np.array([1.0, 1.6, 2.0]))[q]  # q = 0 excludes y > 1
         pm.Uniform("y", 0.0, upper, observed=y_data)
-        step = SubsampledCategoricalGibbs([q], rng=7, **RACE)
+        step = SubsampledCategoricalGibbs([q], rng=7, bound=bound, **RACE)
     point = model.initial_point()
     probs = exact_conditional(model, "q", 3, point)
     assert probs[0] == 0.0
@@ -654,3 +656,16 @@ def test_constant_prior_is_computed_once(selector):
     assert step.terms.log_f0_is_constant
     point, _ = step.step(model.initial_point())
     np.testing.assert_allclose(step._constant_f0, np.log([0.1, 0.2, 0.3, 0.2, 0.2]))
+
+
+@pytest.mark.parametrize("bound", ["normal", "exact"])
+def test_nan_terms_raise_a_clear_error(bound):
+    """A candidate whose terms are NaN is an error, raced or decided exactly, not a draw."""
+    rng = np.random.default_rng(8)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(size=500))
+        q = pm.Categorical("q", p=np.array([0.5, 0.5]))
+        pm.Normal("y", pt.as_tensor(np.array([0.0, np.nan]))[q], 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q], rng=9, bound=bound, **RACE)
+    with pytest.raises(ValueError, match="NaN"):
+        step.step(model.initial_point())
