@@ -120,7 +120,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     audit_every : int or "auto"
         Every ``audit_every``-th draw also computes the exact decision for the
         same Gumbel noise and records ``audit_agree``; 0 turns audits off.
-        ``"auto"`` (default) audits within a budget of 5% of the sampling time
+        ``"auto"`` (default) audits within a budget of 5% of the step's own time
         (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
         the audited error rate is significantly above ``delta``.
     reward_range : float, optional
@@ -389,9 +389,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         n_evals = n_obs * len(feasible)
         return value, RaceResult(value, n_evals, 1, True, n_obs, score / n_obs)
 
-    def step(self, point):
+    def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
-        audit = self._begin_draw()
         if (self._compiled and not audit) or self._lean_exact:  # exact draws need no audit
             drawn = self._lean_step(point)
             if drawn is not None:

@@ -109,7 +109,7 @@ class RacingMetropolis(RacingStep):
     audit_every : int or "auto"
         Every ``audit_every``-th draw also makes the exact decisions for the same
         proposals and :math:`u` (0: never). ``"auto"`` (default) audits within a
-        budget of 5% of the sampling time
+        budget of 5% of the step's own time
         (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
         the audited error rate is significantly above ``delta``.
     reward_range : float, optional
@@ -676,12 +676,11 @@ class RacingMetropolis(RacingStep):
 
     # -- the step -------------------------------------------------------------------
 
-    def step(self, point):
+    def _draw(self, point, audit):
         """One MH step with a racing accept test; return the new point and stats.
 
         With ``elemwise``, one random-walk decision per dimension, in random order.
         """
-        audit = self._begin_draw()
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
         log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0}

@@ -63,21 +63,21 @@ class RacingStep(BlockedStep):
         Every ``audit_every``-th draw also makes the exact decisions (0: never).
         ``"auto"`` (the steps' default) audits by a time budget: a draw is
         audited when the time spent in audits so far is at most
-        :data:`AUDIT_BUDGET` (5%) of the wall-clock time since the chain's
-        first draw,
+        :data:`AUDIT_BUDGET` (5%) of this step's own time in the chain,
 
         .. math:: \text{audit draw } t \iff S_{\text{audit}}(t) \le 0.05\, S(t),
 
-        with :math:`S(t)` the time between the chain's first draw and the start
-        of draw :math:`t` (every step of a compound step and PyMC's own work
-        included) and :math:`S_{\text{audit}}(t)` the time of the exact passes
-        of the audits before it (each charged at most three times the fastest
-        one, so that a one-off stall does not stop the audits). An audit costs
-        one exact pass over the :math:`N` observations, so audits are frequent
-        when a race costs about as much as an exact decision and rare when it
-        costs much less; either
-        way they take about 5% of the sampling time. Audits read no random
-        numbers: they change the ``audit_agree`` stats, never the draws.
+        with :math:`S(t)` the time spent in this step's draws before draw
+        :math:`t` (audits included; the other steps of a compound step and
+        PyMC's own work are not) and :math:`S_{\text{audit}}(t)` the time of
+        the exact passes of the audits before it (each charged at most three
+        times the fastest one, so that a one-off stall does not stop the
+        audits). An audit costs one exact pass over the :math:`N`
+        observations, so audits are frequent when a race costs about as much
+        as an exact decision and rare when it costs much less; either way they
+        take about 5% of the step's time, however expensive the steps beside
+        it. Audits read no random numbers: they change the ``audit_agree``
+        stats, never the draws.
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
     batches : {"random", "windows"}
@@ -300,6 +300,23 @@ class RacingStep(BlockedStep):
         self.terms.shuffle(self.rng)
         self._since_shuffle = 0
 
+    def step(self, point):
+        """Draw the block once; return the new point and the stats (PyMC's ``BlockedStep``).
+
+        Times the draw, audits included: the ``"auto"`` rule of ``audit_every``
+        budgets the audits against this step's own time.
+        """
+        start = time.perf_counter()
+        audit = self._begin_draw()
+        try:
+            return self._draw(point, audit)
+        finally:
+            self._run_seconds += time.perf_counter() - start
+
+    def _draw(self, point, audit: bool):
+        """Draw the block once (audited when ``audit``); return the new point and the stats."""
+        raise NotImplementedError
+
     def _begin_draw(self) -> bool:
         """Advance the draw counter, redraw the permutation when due; True if audited."""
         self.n_steps += 1
@@ -307,10 +324,6 @@ class RacingStep(BlockedStep):
         if self._since_shuffle > self.shuffle_every:
             self._shuffle()
             self._since_shuffle = 1
-        now = time.perf_counter()
-        if self._last_draw_start is not None:
-            self._run_seconds += now - self._last_draw_start
-        self._last_draw_start = now
         if self.audit_every == "auto":
             return self._audit_seconds <= AUDIT_BUDGET * self._run_seconds
         return self.audit_every > 0 and self.n_steps % self.audit_every == 0
@@ -321,14 +334,13 @@ class RacingStep(BlockedStep):
         self.n_audits = 0
         self.n_disagreements = 0
         self._warned = False
-        self._run_seconds = 0.0  # since the chain's first draw
+        self._run_seconds = 0.0  # in this step's draws since the chain's first one
         self._audit_seconds = 0.0  # in the audits' exact passes
-        self._last_draw_start = None
         self._fastest_audit = np.inf
 
     @property
     def audit_time_fraction(self) -> float:
-        """Share of this chain's sampling time spent in audits so far (0 before two draws)."""
+        """Share of this step's time in this chain spent in audits so far (0 before a draw)."""
         return self._audit_seconds / self._run_seconds if self._run_seconds > 0 else 0.0
 
     @contextmanager

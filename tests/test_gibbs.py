@@ -234,6 +234,28 @@ def test_default_audits_warn_on_heavy_tailed_terms():
     assert 30 < audited < len(st)
 
 
+def test_auto_audits_are_budgeted_against_the_steps_own_time(selector):
+    """Slow steps beside ours (a sleep between our draws) do not buy it more audits.
+
+    The budget is 5% of this step's own time: with 2 ms spent elsewhere per
+    draw, a budget counted in wall-clock time would audit nearly every draw.
+    """
+    import time
+
+    model, q = selector
+    point = model.initial_point()
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=4, **RACE)
+    for _ in range(20):  # compile, then start the chain afresh
+        point, _ = step.step(point)
+    step.setup_chain(np.random.default_rng(5), 0, 200)
+    for _ in range(200):  # an audit costs about a tenth of a race here: half the draws
+        point, _ = step.step(point)
+        time.sleep(0.002)
+    assert 0 < step.n_audits < 150
+    assert step.audit_time_fraction < 0.1
+
+
 def test_logistic_regression_with_discrete_hyperparameter():
     # q selects which covariates enter the linear predictor (model selection)
     rng = np.random.default_rng(3)
