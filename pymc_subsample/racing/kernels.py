@@ -336,7 +336,7 @@ def _look_normal(
 
 @njit(cache=True, fastmath=_FAST)
 def look_rows(
-    batch, n, rows, ref, n_ref, factor, floor, pairwise, guard, n_obs, cantelli, new
+    batch, n, rows, ref, n_ref, factor, floor, pairwise, guard, n_obs, cantelli, new, last
 ):  # pragma: no cover - compiled
     r""":func:`look_normal` on a state held as rows, for the Python driver.
 
@@ -349,14 +349,19 @@ def look_rows(
         offsets, one row each (:class:`~pymc_subsample.racing.race.RaceState`).
     new : numpy.ndarray
         ``(5, s)``, written: the merged four rows, then ``keep`` as 1.0 / 0.0.
+    last : tuple of float
+        ``(factor, floor)`` of the last subsampled look, for the give-up test
+        (:func:`stuck_arms` on the arms kept); a negative factor skips it.
 
     Returns
     -------
     tuple
-        ``(lead, n_ref, n_keep)``. Scalars only, and four arguments fewer than
-        :func:`look_normal`: boxing an array returned to Python (about
-        0.6 µs, against 0.2 µs to allocate it there) and typing the arguments
-        are most of what a look costs the Python driver.
+        ``(lead, n_ref, n_keep, n_stuck)``, with ``n_stuck`` −1 when the
+        give-up test was skipped. Scalars only, and fewer arguments than
+        :func:`look_normal` and :func:`stuck_arms` called apart: boxing an
+        array returned to Python (about 0.6 µs, against 0.2 µs to allocate
+        it there), typing the arguments and the calls themselves are most of
+        what a look costs the Python driver.
     """
     mean, dmean, m2, offsets = rows[0], rows[1], rows[2], rows[3]
     new_mean, lead, tot, new_dmean, new_m2, keep = _look_normal(
@@ -371,7 +376,13 @@ def look_rows(
     for i in range(len(keep)):
         new[4, i] = 1.0 if keep[i] else 0.0
         n_keep += keep[i]
-    return lead, tot, n_keep
+    n_stuck = -1
+    if lead >= 0 and last[0] >= 0.0:  # after a look the differences track its leader
+        size = n + batch.shape[1]
+        n_stuck = _count_stuck(
+            new_mean, offsets, new_m2, keep, lead, tot, size, pairwise, last[0], last[1], n_obs
+        )
+    return lead, tot, n_keep, n_stuck
 
 
 @njit(cache=True)
@@ -396,12 +407,24 @@ def stuck_arms(
             lead = i
     if pairwise and (ref != lead or n_ref == 0):
         return -1
+    keep = np.ones(s, dtype=np.bool_)
+    return _count_stuck(
+        mean, offsets, m2, keep, lead, n_ref, n_drawn, pairwise, factor, floor, n_obs
+    )
+
+
+@njit(cache=True)
+def _count_stuck(
+    mean, offsets, m2, keep, lead, n_ref, n_drawn, pairwise, factor, floor, n_obs
+):  # pragma: no cover - compiled
+    """Count what :func:`stuck_arms` counts, among the arms ``keep`` marks, leader ``lead``."""
+    best = mean[lead] + offsets[lead]
     t = n_drawn
     fpc = np.sqrt((n_obs - t) / ((n_obs - 1.0) * t))
     var_lead = max(m2[lead] / n_drawn, 0.0)
     stuck = 0
-    for i in range(s):
-        if i == lead:
+    for i in range(len(mean)):
+        if i == lead or not keep[i]:
             continue
         if pairwise:
             sd = np.sqrt(max(m2[i] / n_ref, 0.0))

@@ -59,6 +59,7 @@ __all__ = [
 BATCHES = ("blocks", "random", "windows")
 
 _FLOAT64 = np.dtype(np.float64)  # a singleton: ``is`` tests it faster than ``==``
+_NO_WIDTH = (-1.0, 0.0)  # no give-up count in a look
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,9 @@ class RaceState(NamedTuple):
         Looks so far.
     winner : int
         The arm returned, −1 while the race goes on.
+    n_stuck : int
+        Survivors counted stuck by the look that made this state (see
+        :meth:`SharedRace.hopeless`); −1 when that look did not count them.
     """
 
     alive: np.ndarray
@@ -246,6 +250,7 @@ class RaceState(NamedTuple):
     n_evaluations: int
     n_rounds: int
     winner: int
+    n_stuck: int = -1
 
     @property
     def mean(self) -> np.ndarray:
@@ -299,6 +304,10 @@ class SharedRace:
         self._guard = self.normal and self.bound.guards_skew
         self._cantelli = self.bound.cantelli if self.normal else 0.0
         self._t_last = self.look_sizes[-2] if len(self.looks) > 1 else 0
+        # the last subsampled look's width, for the give-up count inside each look
+        self._last = (
+            tuple(float(w) for w in self._widths[self._t_last]) if self.can_give_up else _NO_WIDTH
+        )
 
     def with_offsets(self, offsets: np.ndarray) -> SharedRace:
         """Return a copy of this kernel with other offsets (the settings are shared, not copied)."""
@@ -350,12 +359,15 @@ class SharedRace:
         if size < self.n_obs and self.normal:  # the common case: one compiled call
             factor, floor = self._widths.get(size) or self._width(size)
             new = np.empty((5, batch.shape[0]))
-            lead, n_ref, n_keep = look_rows(
+            last = self._last if size < self._t_last else _NO_WIDTH
+            lead, n_ref, n_keep, n_stuck = look_rows(
                 batch, n_prev, state.rows, state.ref, state.n_ref, factor, floor,
-                self.pairwise, self._guard, self.n_obs, self._cantelli, new,
+                self.pairwise, self._guard, self.n_obs, self._cantelli, new, last,
             )  # fmt: skip
             if lead >= 0:
-                return self._drop(state, new, lead, n_ref, n_keep, size, n_evals, n_rounds)
+                return self._drop(
+                    state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck
+                )  # fmt: skip
         elif size < self.n_obs:  # Racing-EBS
             factor, floor = self._widths.get(size) or self._width(size)
             mean, dmean, m2, offsets = state.rows
@@ -412,11 +424,13 @@ class SharedRace:
         t_last = self._t_last
         if state.n_drawn >= t_last:
             return False
-        factor, floor = self._widths[t_last]
-        stuck = stuck_rows(
-            state.rows, state.ref, state.n_ref, state.n_drawn, self.pairwise, factor, floor,
-            self.n_obs,
-        )  # fmt: skip
+        stuck = state.n_stuck  # counted by the look that made the state (Racing-Normal)
+        if stuck < 0:
+            factor, floor = self._widths[t_last]
+            stuck = stuck_rows(
+                state.rows, state.ref, state.n_ref, state.n_drawn, self.pairwise, factor, floor,
+                self.n_obs,
+            )  # fmt: skip
         return stuck > 0 and 2 * (stuck + 1) >= len(state.alive)
 
     def _width(self, size: int) -> tuple[float, float]:
@@ -442,11 +456,13 @@ class SharedRace:
             winner=int(alive[int(score.argmax())]),
         )
 
-    def _drop(self, state, new, lead, n_ref, n_keep, size, n_evals, n_rounds) -> RaceState:
+    def _drop(
+        self, state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck=-1
+    ) -> RaceState:
         """Apply a :func:`~pymc_subsample.racing.kernels.look_rows` verdict to the state.
 
-        ``new, lead, n_ref, n_keep`` as that look returns them: ``new`` the
-        merged rows ``mean, dmean, m2, offset`` and then ``keep``.
+        ``new, lead, n_ref, n_keep, n_stuck`` as that look returns them:
+        ``new`` the merged rows ``mean, dmean, m2, offset`` and then ``keep``.
         """
         alive = state.alive
         ref = lead if self.pairwise else -1
@@ -462,7 +478,7 @@ class SharedRace:
         else:
             rows = new[:4]
         winner = int(alive[0]) if len(alive) == 1 else -1
-        return RaceState(alive, size, rows, ref, n_ref, means, n_evals, n_rounds, winner)
+        return RaceState(alive, size, rows, ref, n_ref, means, n_evals, n_rounds, winner, n_stuck)
 
     def _eliminate(self, state: RaceState, batch: np.ndarray, out: tuple, size: int):
         """Racing-EBS: apply the compiled look's statistics and the EBS eliminations."""
