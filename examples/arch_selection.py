@@ -528,11 +528,12 @@ def starts(pseudo: list[dict], chains: int, seed: int) -> list[dict]:
     return out
 
 
-def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: int = 10):
+def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: int | str = "auto"):
     r"""Our steps: racing Gibbs for q, racing MH for the selected model, pseudopriors elsewhere.
 
-    Every setting is the steps' default except ``audit_every`` (audits of a
-    tenth of the draws), the q race's control variates, expanded in the
+    Every setting is the steps' default (audits too: 5% of each step's own
+    time; ``audit_every=10`` audits a tenth of the draws, as the ``--simulate``
+    variant does) except the q race's control variates, expanded in the
     coefficients :math:`\alpha` (``expand_in``; in :math:`z` the terms of a
     coefficient at its boundary are far from quadratic) around the pseudoprior
     means (``control_variates=False``: the default, none), the MH step's
@@ -634,14 +635,18 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     return log_prior_q - log_prior_q.max()
 
 
-def steps_and_pilot(model, pseudo, log_prior_q, pilot: int, *, control_variates: bool):
+def steps_and_pilot(
+    model, pseudo, log_prior_q, pilot: int, *, control_variates: bool, audit_every="auto"
+):
     """Build our steps, tune the adjusted prior of q in a pilot and set it in the model.
 
     Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``.
     """
     t0 = time.perf_counter()
     with model:
-        steps = racing_steps(model, pseudo, control_variates=control_variates)
+        steps = racing_steps(
+            model, pseudo, control_variates=control_variates, audit_every=audit_every
+        )
     build = time.perf_counter() - t0
     print(f"our steps built in {build:.0f} s", flush=True)
     t0 = time.perf_counter()
@@ -1286,8 +1291,8 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
     residuals = expansion_residuals(r, lags, pseudo)
     print("control-variate residual sd per term:", residuals, flush=True)
     steps, log_prior_q, build, pilot_seconds = steps_and_pilot(
-        model, pseudo, log_prior_q, pilot, control_variates=True
-    )
+        model, pseudo, log_prior_q, pilot, control_variates=True, audit_every=10
+    )  # a tenth of the draws audited, as in the run the gallery reports
 
     start = starts(pseudo, 2, 100)  # every chain starts at pseudoprior draws, not a mode
     runs, split, costs = {}, {}, {}

@@ -391,7 +391,11 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
-        if (self._compiled and not audit) or self._lean_exact:  # exact draws need no audit
+        # exact draws need no audit: the lean path takes them whatever the audit flag says
+        lean = self._lean_exact or (
+            self._compiled and (not audit or self._backoff_left(LONE_KEY) > 0)
+        )
+        if lean:
             drawn = self._lean_step(point)
             if drawn is not None:
                 return drawn
@@ -637,6 +641,11 @@ class SubsampledCategoricalGibbs(RacingStep):
         return res.winner, res
 
     # -- back-off after races that could not decide -----------------------------------
+
+    def _backoff_left(self, key) -> int:
+        """Return how many more of this element's draws are decided exactly by the back-off."""
+        state = self._backoff.get(key)
+        return 0 if state is None else state[1]
 
     def _backing_off(self, key) -> bool:
         """Return True when this element's next draw is decided exactly (counting it down)."""
