@@ -294,12 +294,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._set_control_variates(control_variates, expand_in)
         self._plan_races(exact_fraction, max(self.n_categories))
         self._plan_compiled()
-        #: A lone scalar decided exactly at every draw: :meth:`_lean_step` draws it.
-        self._lean_exact = (
-            self.decides_exactly
-            and len(self.vars) == 1
-            and np.size(self.initial_point[self.vars[0].name]) == 1
-        )
+        #: A lone scalar: decided exactly at every draw, :meth:`_lean_step` draws it.
+        self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
 
     # -- control variates ------------------------------------------------------------
 
@@ -392,7 +388,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
         # exact draws need no audit: the lean path takes them whatever the audit flag says
-        lean = self._lean_exact or (
+        lean = (self._lone and self.decides_exactly) or (
             self._compiled and (not audit or self._backoff_left(LONE_KEY) > 0)
         )
         if lean:
