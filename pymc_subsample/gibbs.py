@@ -286,6 +286,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._values = [
             np.arange(k, dtype=v.dtype) for k, v in zip(self.n_categories, self.vars, strict=True)
         ]
+        #: One scalar variable: the lean path (:meth:`_lean_step`) can draw it.
+        self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
         self.backoff = bool(backoff)
         self._backoff: dict = {}
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
@@ -294,8 +296,6 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._set_control_variates(control_variates, expand_in)
         self._plan_races(exact_fraction, max(self.n_categories))
         self._plan_compiled()
-        #: A lone scalar: decided exactly at every draw, :meth:`_lean_step` draws it.
-        self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
 
     # -- control variates ------------------------------------------------------------
 
@@ -490,14 +490,13 @@ class SubsampledCategoricalGibbs(RacingStep):
         n_evals = n_rounds = budget = n_raced = 0
         exhausted = False
         agree = True
-        lone = len(self.vars) == 1
         for j, var in enumerate(self.vars):
             n_cat = self.n_categories[j]
             values = self._values[j]
             current = [np.asarray(point[v.name]) for v in self.vars]
             flat = current[j].ravel().copy()
             for k in range(flat.size):
-                if lone and flat.size == 1:  # a lone scalar: the values
+                if self._lone:  # a lone scalar: the values
                     cands = [values]
                     log_f0 = self._lone_log_f0(point)
                 else:
@@ -602,8 +601,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             terms.n_obs >= COMPILED_MIN_OBS
             and self.bound == "normal"
             and not self.control_variates
-            and len(self.vars) == 1
-            and np.size(self.initial_point[self.vars[0].name]) == 1
+            and self._lone
             and terms.compiled_rows() is not None
         )
 

@@ -324,34 +324,13 @@ class ObservationTerms:
         self.log_f0_is_constant = not any(
             isinstance(v, SharedVariable) or v in value_vars for v in f0_inputs - set(self._cands)
         )
-        self._rows_fn = model.compile_fn(
-            outs[0],
-            inputs=[*self._cands, *self._row_inputs, *self.inputs],
-            point_fn=False,
-            **compile_kwargs,
-        )
-        self._exact_fn = model.compile_fn(
-            outs[2], inputs=[*self._cands, *self.inputs], point_fn=False, **compile_kwargs
-        )
+        self._rows_fn = self._compile(outs[0], [*self._cands, *self._row_inputs, *self.inputs])
+        self._exact_fn = self._compile(outs[2], [*self._cands, *self.inputs])
         total_inputs = [start, stop] if self._permuted else []
-        self._totals_fn = model.compile_fn(
-            outs[3],
-            inputs=[*self._cands, *total_inputs, *self.inputs],
-            point_fn=False,
-            **compile_kwargs,
-        )
-        self._rows_fn.trust_input = True  # inputs are coerced before the call
-        self._exact_fn.trust_input = True
-        self._totals_fn.trust_input = True
+        self._totals_fn = self._compile(outs[3], [*self._cands, *total_inputs, *self.inputs])
         self._window_fn = None
         if windows:
-            self._window_fn = model.compile_fn(
-                outs[4],
-                inputs=[*self._cands, start, stop, *self.inputs],
-                point_fn=False,
-                **compile_kwargs,
-            )
-            self._window_fn.trust_input = True
+            self._window_fn = self._compile(outs[4], [*self._cands, start, stop, *self.inputs])
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
         self._check_subset(point, names)
@@ -472,14 +451,15 @@ class ObservationTerms:
         cands = [np.asarray(c, dtype=d) for c, d in zip(candidates, self._cand_dtypes, strict=True)]
         return cands, self._other_arrays(point)
 
-    @staticmethod
-    def _trusting(fn):
-        """Return ``fn`` with PyTensor's input checks off (about 5 µs an input a call).
+    def _compile(self, outputs, inputs: Sequence, trust: bool = True):
+        """Compile ``outputs`` as a function of ``inputs`` (positional, no point function).
 
-        Every caller passes ndarrays of the compiled dtypes
+        With ``trust``, without PyTensor's checks of the inputs (about 5 µs an
+        input a call): every caller passes ndarrays of the compiled dtypes
         (:meth:`_exact_arrays`, :meth:`_other_arrays`).
         """
-        fn.trust_input = True
+        fn = self._model.compile_fn(outputs, inputs=inputs, point_fn=False, **self._compile_kwargs)
+        fn.trust_input = trust
         return fn
 
     def _other_arrays(self, point) -> list:
@@ -657,14 +637,7 @@ class ObservationTerms:
 
             idx_var, subset, log_f0 = self._graphs
             grads = pytensor.grad(subset.sum(), self.vars) + pytensor.grad(log_f0, self.vars)
-            self._grad_fn = self._trusting(
-                self._model.compile_fn(
-                    grads,
-                    inputs=[*self.vars, idx_var, *self.inputs],
-                    point_fn=False,
-                    **self._compile_kwargs,
-                )
-            )
+            self._grad_fn = self._compile(grads, [*self.vars, idx_var, *self.inputs])
         values, others = self._exact_arrays(values, point)
         out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *others)
         k = len(self.vars)
@@ -804,31 +777,19 @@ class ObservationTerms:
             return vectorize_graph(res, replace=batch)
 
         others = [*self.inputs, flat_ref]
-        kw = self._compile_kwargs
         idx_var = self._graphs[0]
         subset, windows, _ = self._on_batches(loglik)
-        gather = self._trusting(
-            self._model.compile_fn(
-                residual(subset), inputs=[*self._cands, idx_var, *others], point_fn=False, **kw
-            )
-        )
+        gather = self._compile(residual(subset), [*self._cands, idx_var, *others])
         window = None
         if windows is not None:
             start, stop, win = windows
-            window = self._trusting(
-                self._model.compile_fn(
-                    residual(win),
-                    inputs=[*self._cands, start, stop, *others],
-                    point_fn=False,
-                    **kw,
-                )  # fmt: skip
-            )
+            window = self._compile(residual(win), [*self._cands, start, stop, *others])
         total = graph_replace(loglik.sum(), to_ref, strict=False)
         grad = pytensor.grad(total, flat_ref, disconnected_inputs="ignore")
         outputs = [total, grad]
         if second_order:
             outputs.append(pytensor.gradient.jacobian(grad, flat_ref, vectorize=True))
-        sums = self._model.compile_fn(outputs, inputs=[*self.vars, *others], point_fn=False, **kw)
+        sums = self._compile(outputs, [*self.vars, *others], trust=False)
         self._expansion_fns = (gather, window, sums)
 
     def _flat_values(self, values: Sequence, inputs: Sequence, point: dict) -> tuple:
@@ -838,11 +799,8 @@ class ObservationTerms:
         ``shapes`` are the values' shapes at ``point``.
         """
         flat = _flat_graph(values)
-        fn = self._model.compile_fn(
-            [flat, *[v.shape for v in values]], inputs=inputs, point_fn=False,
-            **self._compile_kwargs,
-        )  # fmt: skip
-        out = self._trusting(fn)(*[np.asarray(point[v.name], dtype=v.dtype) for v in inputs])
+        fn = self._compile([flat, *[v.shape for v in values]], inputs)
+        out = fn(*[np.asarray(point[v.name], dtype=v.dtype) for v in inputs])
         return fn, [tuple(int(n) for n in sh) for sh in out[1:]]
 
     def _flat_coordinates(self, point: dict, memo: bool = False) -> np.ndarray:
@@ -986,29 +944,15 @@ class ObservationTerms:
             return vectorize_graph(res, replace={theta: self._flat_cands})
 
         self._flat_cands = pt.dmatrix("theta_candidates")
-        kw = self._compile_kwargs
-        model = self._model
 
         def build_gather():  # compiled on first use: windows that wrap around are rare
-            return self._trusting(
-                model.compile_fn(
-                    residual(subset),
-                    inputs=[self._flat_cands, ref, idx_var, *self.inputs],
-                    point_fn=False,
-                    **kw,
-                )  # fmt: skip
-            )
+            return self._compile(residual(subset), [self._flat_cands, ref, idx_var, *self.inputs])
 
         window = None
         if windows is not None:
             start, stop, win = windows
-            window = self._trusting(
-                self._model.compile_fn(
-                    residual(win),
-                    inputs=[self._flat_cands, ref, start, stop, *self.inputs],
-                    point_fn=False,
-                    **kw,
-                )  # fmt: skip
+            window = self._compile(
+                residual(win), [self._flat_cands, ref, start, stop, *self.inputs]
             )
         if first is not None:
             start, stop, win = first
@@ -1019,7 +963,7 @@ class ObservationTerms:
             sum_inputs = [ref, *self.inputs]
         grad = pytensor.grad(total, ref)
         hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
-        sums = self._model.compile_fn([total, grad, hess], inputs=sum_inputs, point_fn=False, **kw)
+        sums = self._compile([total, grad, hess], sum_inputs, trust=False)
         self._build_taylor_gather[bool(coordinates)] = build_gather
         self._taylor_fns[bool(coordinates)] = (None, window, sums)
 
@@ -1038,11 +982,7 @@ class ObservationTerms:
         flat = _flat_graph(values)
         v_in = pt.dvector("cotangent")
         pull = pytensor.grad((flat * v_in).sum(), self.vars)
-        pull_fn = self._trusting(
-            self._model.compile_fn(
-                pull, inputs=[*inputs, v_in], point_fn=False, **self._compile_kwargs
-            )
-        )
+        pull_fn = self._compile(pull, [*inputs, v_in])
 
         def evaluate(block_values, point):
             block_values, others = self._exact_arrays(block_values, point)
@@ -1193,13 +1133,8 @@ class ObservationTerms:
             import pytensor
 
             log_f0 = self._graphs[2]
-            self._f0_grad_fn = self._trusting(
-                self._model.compile_fn(
-                    pytensor.grad(log_f0, self.vars),
-                    inputs=[*self.vars, *self.inputs],
-                    point_fn=False,
-                    **self._compile_kwargs,
-                )
+            self._f0_grad_fn = self._compile(
+                pytensor.grad(log_f0, self.vars), [*self.vars, *self.inputs]
             )
         values, others = self._exact_arrays(values, point)
         out = self._f0_grad_fn(*values, *others)
