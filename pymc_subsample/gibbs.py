@@ -12,32 +12,18 @@ from __future__ import annotations
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
+from .backoff import Backoff
 from .cost import compiled_look_cost
 from .racing import RaceResult, sample_categorical
 from .racing.compiled import DECIDED, CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
-__all__ = [
-    "BACKOFF_MEMORY",
-    "BACKOFF_SHARE",
-    "COMPILED_MIN_OBS",
-    "MAX_BACKOFF",
-    "SubsampledCategoricalGibbs",
-]
+__all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
 #: Populations from this size on race in one compiled call per draw where they can
 #: (:func:`~pymc_subsample.racing.compiled.CompiledRace`); smaller ones race in Python and
 #: do not pay the driver's compilation.
 COMPILED_MIN_OBS = 100_000
-#: Longest run of exact draws an element takes after races that gave up.
-MAX_BACKOFF = 64
-#: Share of recent races that gave up (most candidates reached the exact pass) above which
-#: the step backs off: a race that pays costs a fraction of an exact draw and one that gives
-#: up a little more than one (the exact switch's budget), so racing loses only when most
-#: races give up.
-BACKOFF_SHARE = 0.8
-#: Races (about) over which that share is averaged (exponential weights 1/8).
-BACKOFF_MEMORY = 8
 #: Draws of Gumbel noise and race seeds the lean path of a lone scalar takes from ``rng``
 #: at a time (one call instead of two per draw).
 LEAN_BUFFER = 64
@@ -203,12 +189,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         :math:`\alpha`. Requires ``control_variates``.
     backoff : bool
         When most of an element's recent races (a share above
-        :data:`BACKOFF_SHARE`) gave up, that is evaluated at least half of an
+        :data:`~pymc_subsample.backoff.BACKOFF_SHARE`) gave up, that is evaluated at least half of an
         exact draw's terms because most candidates reached the exact pass,
         decide the next draw of that element exactly, without a race; after
         each further such race twice as many (1, 2, 4, ...,
-        :data:`MAX_BACKOFF`); a race that pays ends the doubling. An exact
-        draw is exact, so this adds no error, and a diffuse conditional, where
+        :data:`~pymc_subsample.backoff.MAX_BACKOFF`; :class:`~pymc_subsample.backoff.Backoff`);
+        a race that pays ends the doubling. An exact draw is exact, so this adds no error, and a diffuse conditional, where
         races cannot win, then costs about what an exact draw costs instead of
         a race plus an exact pass.
         Default True; False races every draw, as in the paper.
@@ -289,7 +275,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         #: One scalar variable: the lean path (:meth:`_lean_step`) can draw it.
         self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
         self.backoff = bool(backoff)
-        self._backoff: dict = {}
+        self._backoff = Backoff()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
@@ -387,10 +373,11 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
-        # exact draws need no audit: the lean path takes them whatever the audit flag says
-        lean = (self._lone and self.decides_exactly) or (
-            self._compiled and (not audit or self._backoff_left(LONE_KEY) > 0)
-        )
+        # exact draws (back-off ones too) need no audit nor control variates: the lean path
+        # takes them whatever the audit flag says
+        lean = (
+            self._lone and (self.decides_exactly or self._backoff.left(LONE_KEY) > 0)
+        ) or (self._compiled and not audit)
         if lean:
             drawn = self._lean_step(point)
             if drawn is not None:
@@ -403,7 +390,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         The same draw as the general path (Gumbel-max, race, back-off), for
         the common case: no audit, every :math:`\log f_0` finite. Returns
         None, having drawn nothing, when that case does not hold. A lone
-        scalar decided exactly at every draw takes it too, compiled races or
+        scalar's exact draws take it too (every draw when it decides exactly,
+        the back-off's draws otherwise), compiled races, control variates or
         not: Gumbel-max on one fused pass.
         """
         terms = self.terms
@@ -419,7 +407,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             return None
         noise = self._lean_random(n_cat)
         n_raced = 0
-        if self.decides_exactly or self._backing_off(LONE_KEY):
+        if self.decides_exactly or self._backoff.take(LONE_KEY):
             totals = terms.loglik_sum([values], point)
             score = log_f0 + totals + noise
             if np.isfinite(score).all():  # the usual case, with none of the checks below
@@ -441,7 +429,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                 value, n_evals, n_rounds = res.winner, res.n_evaluations, res.n_rounds
                 exhausted = res.exhausted
             if self.backoff:  # it did not pay: most candidates went to the exact pass
-                self._after_race(LONE_KEY, n_evals >= 0.5 * n_obs * n_cat)
+                self._backoff.record(LONE_KEY, n_evals >= 0.5 * n_obs * n_cat)
         point = dict(point)
         point[self.vars[0].name] = np.array(values[value])
         stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, AUDIT_NOT_RUN)
@@ -514,9 +502,11 @@ class SubsampledCategoricalGibbs(RacingStep):
 
                 raw_totals = totals
 
-                noise = self.rng.gumbel(size=n_cat)
+                # a lone scalar's noise comes from the lean path's buffer, which its exact
+                # draws share
+                noise = self._lean_random(n_cat) if self._lone else self.rng.gumbel(size=n_cat)
                 offsets = log_f0
-                exact = self.decides_exactly or self._backing_off((j, k))
+                exact = self.decides_exactly or self._backoff.take((j, k))
                 if self.control_variates and not exact:
                     rewards, totals, offsets = self._residual_race(j, k, cands, point, log_f0)
                 if exact:  # Gumbel-max on the fused totals
@@ -537,7 +527,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                             **self._race_kwargs(),
                         )
                     if self.backoff:  # it did not pay: most candidates went to the exact pass
-                        self._after_race((j, k), res.n_evaluations >= 0.5 * n_obs * n_cat)
+                        self._backoff.record((j, k), res.n_evaluations >= 0.5 * n_obs * n_cat)
                     if audit:
                         with self._audit_clock():
                             decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
@@ -634,49 +624,10 @@ class SubsampledCategoricalGibbs(RacingStep):
         )  # fmt: skip
         return res.winner, res
 
-    # -- back-off after races that could not decide -----------------------------------
-
-    def _backoff_left(self, key) -> int:
-        """Return how many more of this element's draws are decided exactly by the back-off."""
-        state = self._backoff.get(key)
-        return 0 if state is None else state[1]
-
-    def _backing_off(self, key) -> bool:
-        """Return True when this element's next draw is decided exactly (counting it down)."""
-        state = self._backoff.get(key)
-        if state is None or state[1] == 0:
-            return False
-        state[1] -= 1
-        return True
-
-    def _after_race(self, key, gave_up: bool) -> None:
-        """Update the element's share of races that gave up; start or double a run of exact draws.
-
-        A race gives up when it evaluates at least half of an exact draw's
-        terms (most candidates reached its exact pass). The share is an
-        exponentially weighted mean over about the last :data:`BACKOFF_MEMORY`
-        races, started at :data:`BACKOFF_SHARE` (so that a chain that starts on
-        a diffuse conditional backs off from its first race that gives up, and
-        one whose races pay forgets the start within a few races). While it is
-        above :data:`BACKOFF_SHARE`, each race that gives up
-        doubles the run of exact draws that follows it (up to
-        :data:`MAX_BACKOFF`); a race that pays ends the doubling.
-        """
-        state = self._backoff.get(key)
-        if state is None:
-            # run length, draws left, share (from BACKOFF_SHARE: one more give-up backs off)
-            state = self._backoff[key] = [0, 0, BACKOFF_SHARE]
-        state[2] += (float(gave_up) - state[2]) / BACKOFF_MEMORY
-        if not gave_up:
-            state[0] = 0
-        elif state[2] > BACKOFF_SHARE:
-            state[0] = min(max(2 * state[0], 1), MAX_BACKOFF)
-            state[1] = state[0]
-
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state, the back-off included."""
         super().setup_chain(rng, tune, draws)
-        self._backoff = {}
+        self._backoff.reset()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER
 
     def _residual_race(self, j, k, cands, point, log_f0):

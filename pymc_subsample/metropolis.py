@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
+from .backoff import Backoff
 from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
@@ -145,6 +146,15 @@ class RacingMetropolis(RacingStep):
         vector variables.
     target_accept : float, optional
         Acceptance rate the Langevin step size is tuned to (default 0.36).
+    backoff : bool
+        When most recent races gave up (they evaluated at least half of an
+        exact decision's :math:`2N` terms, counted as ``n_evals`` counts
+        them), make the next decisions exactly, without a race, in runs that
+        double (:class:`~pymc_subsample.backoff.Backoff`, as the Gibbs step's
+        ``backoff``; per dimension with ``elemwise``). An exact decision is
+        exact, so this adds no error; where races cannot pay, a decision then
+        costs about what plain MH's does. Default True; False races every
+        decision.
     batches, shuffle_every
         See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
     model, rng, initial_point, compile_kwargs, blocked
@@ -160,7 +170,8 @@ class RacingMetropolis(RacingStep):
     stencil fallback; the warm-up's passes), ``frac_evals`` (``n_evals`` over :math:`2N` per
     decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
-    draws give the per-decision error rate), ``audit_agree`` (1/0, −1 when not
+    draws give the per-decision error rate), ``n_raced`` (decisions raced; the
+    others were made exactly by the back-off), ``audit_agree`` (1/0, −1 when not
     audited) and ``tune``.
     """
 
@@ -175,6 +186,7 @@ class RacingMetropolis(RacingStep):
         "n_decisions": (np.int64, []),
         "n_audited": (np.int64, []),
         "n_wrong": (np.int64, []),
+        "n_raced": (np.int64, []),
         "audit_agree": (np.int8, []),
         "tune": (bool, []),
     }
@@ -202,6 +214,7 @@ class RacingMetropolis(RacingStep):
         elemwise: bool = False,
         batches: str = "blocks",
         shuffle_every: int | str = "auto",
+        backoff: bool = True,
         model=None,
         rng=None,
         initial_point=None,
@@ -270,6 +283,8 @@ class RacingMetropolis(RacingStep):
         if not 0.0 < self.target_accept < 1.0:
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
         self.elemwise = bool(elemwise)
+        self.backoff = bool(backoff)
+        self._backoff = Backoff()
         self.control_variates = bool(control_variates)
         self._coordinates, self._to_coordinates, self._pullback = [], None, None
         self._coordinate_shapes: list = []
@@ -375,6 +390,7 @@ class RacingMetropolis(RacingStep):
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
         super().setup_chain(rng, tune, draws)
+        self._backoff.reset()
         self.reset_tuning()
 
     def stop_tuning(self):
@@ -683,14 +699,14 @@ class RacingMetropolis(RacingStep):
         """
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
-        log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0}
+        log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0, "raced": 0}
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
             accept = np.zeros(len(x))
             for i in self.rng.permutation(len(x)):
                 x_new = x.copy()
                 x_new[i] += self.scaling[i] * self.rng.standard_normal()
-                accepted[i], accept[i] = self._decide(x, x_new, 0.0, point, audit, log)
+                accepted[i], accept[i] = self._decide(x, x_new, 0.0, point, audit, log, key=i)
                 if accepted[i]:
                     x = x_new
         else:
@@ -723,6 +739,7 @@ class RacingMetropolis(RacingStep):
             "n_decisions": n_decisions,
             "n_audited": log["audited"],
             "n_wrong": log["wrong"],
+            "n_raced": log["raced"],
             "audit_agree": (AUDIT_DISAGREE if log["wrong"] else AUDIT_AGREE)
             if audit
             else AUDIT_NOT_RUN,
@@ -736,10 +753,11 @@ class RacingMetropolis(RacingStep):
                 point[v.name] = value
         return point, [stats]
 
-    def _decide(self, x, x_new, extra, point, audit, log) -> tuple[bool, float]:
+    def _decide(self, x, x_new, extra, point, audit, log, key=0) -> tuple[bool, float]:
         """Race the MH test from flat ``x`` to ``x_new``; return (accepted, accept prob.).
 
-        ``extra`` is the proposal's part of the log ratio.
+        ``extra`` is the proposal's part of the log ratio; ``key`` the decision's
+        back-off key (the dimension with ``elemwise``).
         """
         terms = self.terms
         n_obs = terms.n_obs
@@ -795,9 +813,14 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values[k + arms] - weights[arms] @ values[:k]
 
-        config = None if self.decides_exactly else self.race_config
+        exact = self.decides_exactly or (self.backoff and self._backoff.take(key))
+        config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
+        if config is not None:
+            log["raced"] += 1
+            if self.backoff:  # it did not pay: half of an exact decision's terms or more
+                self._backoff.record(key, spent[0] >= n_obs)
         log["n_evals"] += spent[0]
         log["exhausted"] |= res.exhausted
         if audit and config is not None:

@@ -110,13 +110,13 @@ def large_selector():
 
 
 class _SameDraws(np.random.Generator):
-    """A stand-in for ``rng`` that serves the lean path's bulk draws one at a time.
+    """A stand-in for ``rng`` that serves the lean path's bulk seeds one at a time.
 
     The compiled step's lean path takes its Gumbel noise and its race seeds
     from ``rng`` in blocks of :data:`~pymc_subsample.gibbs.LEAN_BUFFER`, each
-    when it runs out; the general path takes one noise per draw and one seed
-    per race. Fed this object, the general path sees the same noise and seeds
-    as a lean path fed ``np.random.default_rng(seed)``.
+    when it runs out; the general path reads the same noise buffer but takes
+    one seed per race. Fed this object, the general path sees the same noise
+    and seeds as a lean path fed ``np.random.default_rng(seed)``.
     """
 
     def __init__(self, seed, n_cat):
@@ -124,18 +124,16 @@ class _SameDraws(np.random.Generator):
 
         super().__init__(np.random.PCG64(0))
         self._rng, self._n_cat, self._size = np.random.default_rng(seed), n_cat, LEAN_BUFFER
-        self._noise, self._seeds, self.n_noise, self.n_seeds = [], [], 0, 0
+        self._seeds, self.n_noise, self.n_seeds = [], 0, 0
 
     @property
     def bit_generator(self):
         return self
 
     def gumbel(self, size):
-        assert size == self._n_cat
-        if self.n_noise >= len(self._noise):
-            self._noise += list(self._rng.gumbel(size=(self._size, self._n_cat)))
-        self.n_noise += 1
-        return self._noise[self.n_noise - 1]
+        assert size == (self._size, self._n_cat)  # the lean buffer, which both paths read
+        self.n_noise += self._size
+        return self._rng.gumbel(size=size)
 
     def random_raw(self):
         if self.n_seeds >= len(self._seeds):
@@ -168,7 +166,7 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
             p, stats = step.step(p)
             record.append((int(p["q"]), stats[0]["n_evals"], stats[0]["n_rounds"]))
         draws[name] = record
-    assert python.rng.n_noise == 150 and python.rng.n_seeds > 0  # drawn through the feed
+    assert python.rng.n_noise >= 150 and python.rng.n_seeds > 0  # drawn through the feed
     assert draws["compiled"] == draws["python"]
     values = np.array([r[0] for r in draws["compiled"]])
     assert len(np.unique(values)) > 1  # a real spread: races that drop, give up and decide

@@ -228,8 +228,9 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     _, st_z = mh_chain(in_z, model, 400)
     accepted = np.mean([s["accepted"] for s in st])
     accepted_z = np.mean([s["accepted"] for s in st_z])
-    # measured: 0.94 against 0.08 (the expansion in z misfits the boundary coefficient)
-    assert accepted > 0.6 and accepted_z < 0.3, (accepted, accepted_z)
+    # measured: 0.94 against 0.37 (the expansion in z misfits the boundary coefficient; 0.08
+    # with backoff=False, whose raced tuning draws estimate the acceptance it tunes to)
+    assert accepted > 0.6 and accepted_z < 0.5, (accepted, accepted_z)
     wrong = sum(s["n_wrong"] for s in st)
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong
     # the leapfrog's gradient is that of the surrogate it integrates
@@ -247,7 +248,9 @@ def test_mh_expansion_not_finite_at_the_reference_falls_back_to_the_value_variab
     """An expansion in expand_in that cannot be fitted is dropped with a warning, still exact."""
     model, z = arch_block
     with model:
-        step = RacingMetropolis([z], expand_in=["alpha"], proposal="normal", audit_every=1, rng=4)
+        step = RacingMetropolis(  # every decision raced (and audited): no back-off
+            [z], expand_in=["alpha"], proposal="normal", audit_every=1, rng=4, backoff=False
+        )
 
     def not_finite(mode, point):  # as a Deterministic's expansion with a NaN Hessian would
         raise FloatingPointError("the log-likelihood is not finite at the reference")

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
-from pymc_subsample.gibbs import BACKOFF_MEMORY, BACKOFF_SHARE, MAX_BACKOFF
+from pymc_subsample.backoff import BACKOFF_MEMORY, BACKOFF_SHARE, MAX_BACKOFF
 
 # race on the whole doubling schedule: these models are small, so the default
 # exact_fraction=1/64 would decide most draws exactly after a look or two
@@ -138,9 +138,9 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     def runs(outcomes):
         out = []
         for gave_up in outcomes:
-            step._after_race((0, 0), gave_up=gave_up)
+            step._backoff.record((0, 0), gave_up=gave_up)
             run = 0
-            while step._backing_off((0, 0)):
+            while step._backoff.take((0, 0)):
                 run += 1
             out.append(run)
         return out
@@ -149,7 +149,7 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     assert runs([True])[0] == 1  # the share starts at BACKOFF_SHARE: a first give-up backs off
     assert sum(runs([False, True] * 20)[4:]) == 0
     # a run of failures pushes the share above BACKOFF_SHARE, then the runs double
-    share = step._backoff[(0, 0)][2]
+    share = step._backoff.state[(0, 0)][2]
     first = runs([True] * 30)
     start = first.index(1)
     after = 1 - (1 - share) * (1 - 1 / BACKOFF_MEMORY) ** np.arange(1, 31)
@@ -158,7 +158,7 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     assert runs([False]) == [0]  # a race decided early: race again at once ...
     assert runs([True]) == [1]  # ... and start doubling from one while failures dominate
     step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
-    assert step._backoff == {}
+    assert step._backoff.state == {}
 
 
 def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):

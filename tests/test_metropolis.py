@@ -448,3 +448,33 @@ def test_a_given_covariance_preconditions_the_random_walk_and_draws_match(wide_r
     assert np.all(np.abs(sd_ratio - 1) < 0.25), sd_ratio
     with pytest.raises(ValueError, match="covariance must be"):
         RacingMetropolis([model["b"]], covariance=np.eye(3), model=model)
+
+
+def test_backoff_makes_decisions_exactly_where_races_give_up_and_keeps_the_law(linear):
+    """Raw-term races of a random walk at N = 20,000 mostly end in exact passes.
+
+    The step then backs off to exact decisions: far fewer are raced, with no
+    race's looks before them (which cost more time than their terms say), a
+    decision reads about what plain MH's reads, and the draws still match NUTS.
+    """
+    model, nuts = linear
+    settings = {
+        "proposal": "normal", "control_variates": False, "exact_fraction": 0.2,
+        "batch_size": 50, "audit_every": 0, "rng": 3,
+    }  # fmt: skip
+    blocks = [model["b"], model["a"]]
+    runs = {}
+    for backoff in (True, False):
+        with model:
+            step = RacingMetropolis(blocks, backoff=backoff, **settings)
+            runs[backoff] = pm.sample(
+                1000, tune=500, chains=2, step=step, random_seed=5, progressbar=False,
+                compute_convergence_checks=False,
+            )  # fmt: skip
+    racing = runs[False].sample_stats
+    assert (racing["n_raced"] == 1).all()
+    assert (racing["frac_evals"].values >= 0.5).mean() > 0.8  # most races give up here
+    backing = runs[True].sample_stats
+    assert backing["n_raced"].values.mean() < 0.3  # most decisions exact, without a race
+    assert backing["frac_evals"].values.mean() < 1.05
+    assert_posteriors_agree(runs[True], nuts, ["b", "a"])
