@@ -189,14 +189,15 @@ class SubsampledCategoricalGibbs(RacingStep):
         :math:`\alpha`. Requires ``control_variates``.
     backoff : bool
         When most of an element's recent races (a share above
-        :data:`~pymc_subsample.backoff.BACKOFF_SHARE`) gave up, that is evaluated at least half of an
-        exact draw's terms because most candidates reached the exact pass,
-        decide the next draw of that element exactly, without a race; after
-        each further such race twice as many (1, 2, 4, ...,
-        :data:`~pymc_subsample.backoff.MAX_BACKOFF`; :class:`~pymc_subsample.backoff.Backoff`);
-        a race that pays ends the doubling. An exact draw is exact, so this adds no error, and a diffuse conditional, where
-        races cannot win, then costs about what an exact draw costs instead of
-        a race plus an exact pass.
+        :data:`~pymc_subsample.backoff.BACKOFF_SHARE`) gave up, that is
+        evaluated at least half of an exact draw's terms because most
+        candidates reached the exact pass, decide the next draw of that
+        element exactly, without a race; after each further such race twice
+        as many (1, 2, 4, ..., :data:`~pymc_subsample.backoff.MAX_BACKOFF`;
+        :class:`~pymc_subsample.backoff.Backoff`); a race that pays ends the
+        doubling. An exact draw is exact, so this adds no error, and a
+        diffuse conditional, where races cannot win, then costs about what an
+        exact draw costs instead of a race plus an exact pass.
         Default True; False races every draw, as in the paper.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
