@@ -376,9 +376,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         """Redraw every element of the block; return the new point and the stats."""
         # exact draws (back-off ones too) need no audit nor control variates: the lean path
         # takes them whatever the audit flag says
-        lean = (
-            self._lone and (self.decides_exactly or self._backoff.left(LONE_KEY) > 0)
-        ) or (self._compiled and not audit)
+        exact = self.decides_exactly or self._backoff.left(LONE_KEY) > 0
+        lean = (self._lone and exact) or (self._compiled and not audit)
         if lean:
             drawn = self._lean_step(point)
             if drawn is not None:
