@@ -901,15 +901,19 @@ def main():
     if args.marginal:
         runs["q marginalised by hand + NUTS"] = ("marginal", [])
         marginal = marginal_model(r, lags, log_prior_q, pseudo)
+    ours = ("racing (ours)", "racing, bound='exact'")
+    split = {label: {"q": 0.0, "parameters": 0.0} for label in ours}
+    costs = {label: [] for label in ours}
     for rep in range(args.repeats):
         start = starts(pseudo, 2, 100 + rep)  # every chain starts at pilot draws, not a mode
         seed = 3 + rep
-        set_bound(steps, "normal")
-        runs["racing (ours)"][1].append(run("racing", model, steps, draws, tune, seed, start))
-        set_bound(steps, "exact")
-        runs["racing, bound='exact'"][1].append(
-            run("exact", model, steps, draws, tune, seed, start)
-        )
+        for label, bound in zip(ours, ("normal", "exact"), strict=True):
+            set_bound(steps, bound)
+            with StepClock(steps, ["q", "parameters"]) as timer:
+                idata, seconds = run(bound, model, steps, draws, tune, seed, start)
+            runs[label][1].append((idata, seconds))
+            split[label] = {k: v + timer.seconds[k] for k, v in split[label].items()}
+            costs[label].append(race_costs(idata, n_obs))
         set_bound(steps, "normal")
         runs["PyMC: CategoricalGibbsMetropolis + NUTS"][1].append(
             run("pymc", model, None, draws, tune, seed, start)
@@ -927,8 +931,11 @@ def main():
         "q_control_variates": not args.quick,
         "log_prior_q": log_prior_q.tolist(),
         "log_evidence": evidence.tolist(),
+        "step_seconds": split,
     }
-    report(runs, log_prior_q, n_obs, notes)
+    costs = {label: mean_costs(c) for label, c in costs.items()}
+    notes["race_costs"] = costs
+    report(runs, log_prior_q, n_obs, notes, extra=costs_table(costs, split))
     print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
 
 
@@ -999,6 +1006,7 @@ def race_costs(idata, n_obs: int) -> dict:
     ev = st["n_evals"].values.reshape(*st["n_evals"].shape[:2], -1)
     decisions = st["n_decisions"].values.reshape(ev.shape[0], ev.shape[1], -1)[..., -1]
     q_terms, mh_terms = ev[..., 0].mean(), ev[..., 1].mean()
+    raced = st["n_raced"].values.reshape(ev.shape[0], ev.shape[1], -1)  # q step, then MH
     return {
         "q_terms_per_draw": float(q_terms),
         "q_fraction": float(q_terms / (len(Q_GRID) * n_obs)),
@@ -1006,7 +1014,8 @@ def race_costs(idata, n_obs: int) -> dict:
         "mh_decisions_per_draw": float(decisions.mean()),
         "mh_fraction": float(ev[..., 1].sum() / (2 * n_obs * max(decisions.sum(), 1))),
         "mh_accepted": float(st["accepted"].values.mean()),
-        "q_raced": float(st["n_raced"].values.mean()),
+        "q_raced": float(raced[..., 0].mean()),
+        "mh_raced": float(raced[..., -1].mean()),
         "mh_fraction_by_order": {
             str(order): float(ev[..., 1][at].sum() / (2 * n_obs * max(decisions[at].sum(), 1)))
             for j, order in enumerate(Q_GRID)
@@ -1343,6 +1352,32 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
         f"{pseudo_seconds:.0f} s, building our steps {build:.0f} s, the pilot ({pilot} draws) "
         f"{pilot_seconds:.0f} s. ν, α₀ and Σα are those of the selected order at each draw."
     )
+    extra = costs_table(costs, split)
+    title = f"ARCH order selection, {n_obs:,} simulated ARCH(15)-t returns"
+    report(runs, log_prior_q, n_obs, notes, stem="arch_sim", title=title, extra=extra)
+    print(extra)
+    print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
+
+
+def mean_costs(costs: list[dict]) -> dict:
+    """Mean of several runs' :func:`race_costs` (orders some run never selected left out)."""
+    out = {
+        k: float(np.mean([c[k] for c in costs])) for k in costs[0] if k != "mh_fraction_by_order"
+    }
+    by_order = [c["mh_fraction_by_order"] for c in costs]
+    orders = sorted({k for b in by_order for k in b}, key=int)
+    out["mh_fraction_by_order"] = {
+        k: float(np.mean([b[k] for b in by_order if k in b])) for k in orders
+    }
+    return out
+
+
+def costs_table(costs: dict, split: dict) -> str:
+    """Markdown: where our steps' time and terms go (:func:`race_costs`, :class:`StepClock`).
+
+    ``costs`` and ``split`` map run labels to :func:`race_costs` and to the
+    seconds in each step, summed over runs.
+    """
     rows = [
         "| run | q step: terms/draw (share of 6N) | MH: terms/draw (share of 2N per decision) "
         "| MH acceptance | seconds in q step | seconds in MH step |",
@@ -1356,16 +1391,16 @@ def main_simulate(n_obs: int, knobs: dict) -> None:
         )
     extra = "\nWhere our steps' time and terms go (kept draws; seconds include tuning):\n\n"
     extra += "\n".join(rows) + "\n"
-    by_order = costs["racing (ours)"]["mh_fraction_by_order"]
+    ours = costs["racing (ours)"]
+    by_order = ours["mh_fraction_by_order"]
     extra += (
-        f"\nOurs: {costs['racing (ours)']['q_raced']:.0%} of the q draws raced (the rest decided "
-        "exactly after races that gave up); share of 2N read per MH decision by selected "
-        "order: " + ", ".join(f"q = {k}: {v:.1%}" for k, v in by_order.items()) + ".\n"
+        f"\nOurs: {ours['q_raced']:.0%} of the q draws and {ours['mh_raced']:.0%} of the MH "
+        "decisions raced (the rest decided exactly, backing off after races that gave up); "
+        "share of 2N read per MH decision by selected order: "
+        + ", ".join(f"q = {k}: {v:.1%}" for k, v in by_order.items())
+        + ".\n"
     )
-    title = f"ARCH order selection, {n_obs:,} simulated ARCH(15)-t returns"
-    report(runs, log_prior_q, n_obs, notes, stem="arch_sim", title=title, extra=extra)
-    print(extra)
-    print(f"total {time.perf_counter() - clock:.0f} s", flush=True)
+    return extra
 
 
 def report(

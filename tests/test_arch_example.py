@@ -131,6 +131,9 @@ def _fake_trace(rng, chains=2, draws=12):
         "audit_agree": rng.choice([-1, 0, 1], size=(chains, draws, 2)),
         "n_wrong": rng.integers(0, 2, size=(chains, draws)),
         "n_audited": np.ones((chains, draws), dtype=int),
+        "n_raced": rng.integers(0, 2, size=(chains, draws, 2)),
+        "n_decisions": np.ones((chains, draws), dtype=int),
+        "accepted": rng.random((chains, draws)),
     }
     return az.from_dict({"posterior": posterior, "sample_stats": stats})
 
@@ -159,6 +162,22 @@ def test_running_log_posterior_ends_at_the_whole_run_estimate():
     gibbs = idata.sample_stats["audit_agree"].values[..., 0]
     assert (wrong_q, audited_q) == ((gibbs == 0).sum(), (gibbs >= 0).sum())
     assert audited_mh == 24 and wrong_mh == idata.sample_stats["n_wrong"].values.sum()
+
+
+def test_race_costs_read_each_step_s_own_stats_and_average_over_runs():
+    runs = [_fake_trace(np.random.default_rng(seed)) for seed in (5, 6)]
+    costs = [arch.race_costs(idata, 1000) for idata in runs]
+    for c, idata in zip(costs, runs, strict=True):
+        st = idata.sample_stats
+        assert c["q_raced"] == st["n_raced"].values[..., 0].mean()
+        assert c["mh_raced"] == st["n_raced"].values[..., 1].mean()
+        assert c["q_terms_per_draw"] == st["n_evals"].values[..., 0].mean()
+    mean = arch.mean_costs(costs)
+    assert mean["mh_raced"] == pytest.approx((costs[0]["mh_raced"] + costs[1]["mh_raced"]) / 2)
+    orders = {k for c in costs for k in c["mh_fraction_by_order"]}
+    assert set(mean["mh_fraction_by_order"]) == orders
+    table = arch.costs_table({"racing (ours)": mean}, {"racing (ours)": {"q": 1, "parameters": 2}})
+    assert f"{mean['q_raced']:.0%} of the q draws" in table
 
 
 def test_marginal_model_sums_the_product_space_model_over_q():
