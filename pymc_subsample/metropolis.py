@@ -312,6 +312,9 @@ class RacingMetropolis(RacingStep):
                     "Taylor expansion to make in the Deterministics; leave expand_in out"
                 )
             self.terms._compile_taylor(self._coordinate_shapes, self._coordinates)
+            # the races read this expansion: its gathered residuals compiled now, not in the
+            # first race (seconds for a large graph, inside the sampler's clock)
+            self.terms._taylor_gather(True)
         self.reset_tuning()
 
     def _compile_taylor(self) -> bool:

@@ -224,6 +224,8 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     with model:
         in_alpha = RacingMetropolis([z], expand_in=["alpha"], audit_every=1, rng=4)
         in_z = RacingMetropolis([z], audit_every=1, rng=4)
+    gather, _, _ = in_alpha.terms._taylor_fns[True]
+    assert gather is not None  # the races' residuals compiled with the step, not in a race
     _, st = mh_chain(in_alpha, model, 400)
     _, st_z = mh_chain(in_z, model, 400)
     accepted = np.mean([s["accepted"] for s in st])
