@@ -639,6 +639,35 @@ def test_control_variates_keep_the_conditional_and_cut_the_terms(
     assert used < 0.5 * used_raw, (used, used_raw)
 
 
+def test_control_variate_steps_back_off_on_the_lean_path():
+    """Back-off draws of a lone scalar with control variates are exact, lean draws.
+
+    The back-off is set to last (its trigger is tested above); the draws must
+    match enumeration and skip the general path, with its expansion.
+    """
+    rng = np.random.default_rng(8)
+    n_obs = 4000
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.standard_t(4, size=n_obs))
+        q = pm.Categorical("q", p=np.full(4, 0.25))
+        mu = pm.Normal("mu", 0.0, 1.0, shape=4)
+        pm.StudentT("y", nu=4, mu=mu[q], sigma=1.0, observed=y_data)
+    point = dict(model.initial_point(), mu=np.array([-0.02, 0.02, -0.021, 0.021]))
+    probs = exact_conditional(model, "q", 4, point)
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q], control_variates={"mu": np.full(4, 0.4)}, rng=5, **(RACE | {"backoff": True})
+        )
+    step._backoff.state[(0, 0)] = [64, 10**6, 1.0]  # every draw exact from here
+    lean, calls = step._lean_step, []
+    step._lean_step = lambda p: calls.append(1) or lean(p)
+    step._step = lambda p, audit: pytest.fail("the general path")
+    draws, st = draw_many(step, point, 1500, "q")
+    assert_matches(draws, probs, 4)
+    assert len(calls) == 1500 and all(s["n_raced"] == 0 for s in st)
+    assert all(s["n_evals"] == 4 * n_obs for s in st)
+
+
 def test_control_variates_need_a_continuous_input(selector):
     model, q = selector
     with model, pytest.raises(ValueError, match="nothing to expand"):
