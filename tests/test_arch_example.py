@@ -277,6 +277,17 @@ def test_loglik_terms_match_the_model_and_residuals_shrink_with_the_step():
     assert small["5"]["in alpha"] < 0.01 * big["5"]["in alpha"]
 
 
+def test_third_order_residuals_vanish_on_cubics_and_are_fourth_order():
+    cubic = lambda x: 1.0 + x @ [2.0, -1.0] + (x @ [0.5, 0.3]) ** 3  # noqa: E731
+    base, d = np.array([[0.1, 0.2]]), np.array([0.7, -0.4])
+    assert abs(arch.third_order_residuals(cubic, base[0], d)) < 1e-8
+    quartic = lambda x: np.atleast_1d(np.exp(x @ [1.0, 1.0]))  # noqa: E731
+    big = arch.third_order_residuals(quartic, base[0], d)
+    small = arch.third_order_residuals(quartic, base[0], d / 10)
+    np.testing.assert_allclose(small / big, 1e-4, rtol=0.1)  # a remainder of order d^4
+    assert abs(small[0]) < abs(arch.second_order_residuals(quartic, base[0], d / 10)[0][0])
+
+
 def test_terms_to_converge_is_the_first_draw_from_which_the_estimate_stays_close():
     reference = np.log(np.array([0.01, 0.01, 0.2, 0.3, 0.45, 0.03]))
     evals = np.arange(1.0, 7.0) * 10
