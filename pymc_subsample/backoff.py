@@ -60,13 +60,16 @@ class Backoff:
         state[1] -= 1
         return True
 
-    def record(self, key: Hashable, gave_up: bool) -> None:
-        """Update the key's share of races that gave up; start or double a run of exact decisions.
+    def record(self, key: Hashable, n_evaluations: float, n_exact: float) -> None:
+        """Count a race of this key; start or double a run of exact decisions.
 
-        While the share is above :data:`BACKOFF_SHARE`, a race that gives up
-        doubles the run that follows it (1, 2, 4, ..., :data:`MAX_BACKOFF`); a
-        race that pays ends the doubling.
+        The race gave up when its ``n_evaluations`` are at least half of an
+        exact decision's ``n_exact`` (in the same units). While the share of
+        races that gave up is above :data:`BACKOFF_SHARE`, a race that gives
+        up doubles the run that follows it (1, 2, 4, ..., :data:`MAX_BACKOFF`);
+        a race that pays ends the doubling.
         """
+        gave_up = n_evaluations >= 0.5 * n_exact
         state = self.state.get(key)
         if state is None:
             state = self.state[key] = [0, 0, BACKOFF_SHARE]

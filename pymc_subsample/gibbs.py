@@ -428,8 +428,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                 res = race.finish(status, offsets, self._lone_totals(point))
                 value, n_evals, n_rounds = res.winner, res.n_evaluations, res.n_rounds
                 exhausted = res.exhausted
-            if self.backoff:  # it did not pay: most candidates went to the exact pass
-                self._backoff.record(LONE_KEY, n_evals >= 0.5 * n_obs * n_cat)
+            if self.backoff:  # did it pay, or did most candidates reach the exact pass?
+                self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
         point = dict(point)
         point[self.vars[0].name] = np.array(values[value])
         stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, AUDIT_NOT_RUN)
@@ -526,8 +526,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                             config=self.race_config,
                             **self._race_kwargs(),
                         )
-                    if self.backoff:  # it did not pay: most candidates went to the exact pass
-                        self._backoff.record((j, k), res.n_evaluations >= 0.5 * n_obs * n_cat)
+                    if self.backoff:  # did it pay, or did most candidates reach the exact pass?
+                        self._backoff.record((j, k), res.n_evaluations, n_obs * n_cat)
                     if audit:
                         with self._audit_clock():
                             decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)

@@ -816,14 +816,14 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values[k + arms] - weights[arms] @ values[:k]
 
-        exact = self.decides_exactly or (self.backoff and self._backoff.take(key))
+        exact = self.decides_exactly or self._backoff.take(key)  # no runs without backoff
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
         if config is not None:
             log["raced"] += 1
-            if self.backoff:  # it did not pay: half of an exact decision's terms or more
-                self._backoff.record(key, spent[0] >= n_obs)
+            if self.backoff:  # as n_evals counts them, against an exact decision's 2N
+                self._backoff.record(key, spent[0], 2 * n_obs)
         log["n_evals"] += spent[0]
         log["exhausted"] |= res.exhausted
         if audit and config is not None:

@@ -138,7 +138,7 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     def runs(outcomes):
         out = []
         for gave_up in outcomes:
-            step._backoff.record((0, 0), gave_up=gave_up)
+            step._backoff.record((0, 0), 1 if gave_up else 0, 2)  # half of 2: gave up
             run = 0
             while step._backoff.take((0, 0)):
                 run += 1
