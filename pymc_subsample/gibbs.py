@@ -15,7 +15,7 @@ from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 from .backoff import Backoff
 from .cost import compiled_look_cost
 from .racing import RaceResult, sample_categorical
-from .racing.compiled import DECIDED, CompiledRace, supports
+from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
@@ -278,6 +278,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self.backoff = bool(backoff)
         self._backoff = Backoff()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
+        self._lean_offsets = None  # (log f0 + noise) / N of the lean buffer's rows
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
         self._set_control_variates(control_variates, expand_in)
@@ -375,28 +376,26 @@ class SubsampledCategoricalGibbs(RacingStep):
     def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
         # exact draws (back-off ones too) need no audit nor control variates: the lean path
-        # takes them whatever the audit flag says
-        exact = self.decides_exactly or self._backoff.left(LONE_KEY) > 0
-        lean = (self._lone and exact) or (self._compiled and not audit)
-        if lean:
-            drawn = self._lean_step(point)
+        # takes them, and every draw of a compiled race, audited or not
+        if self._compiled or (
+            self._lone and (self.decides_exactly or self._backoff.left(LONE_KEY) > 0)
+        ):
+            drawn = self._lean_step(point, audit)
             if drawn is not None:
                 return drawn
         return self._step(dict(point), audit)
 
-    def _lean_step(self, point):
+    def _lean_step(self, point, audit=False):
         r""":meth:`step` of a lone scalar raced compiled, with as little Python as it needs.
 
-        The same draw as the general path (Gumbel-max, race, back-off), for
-        the common case: no audit, every :math:`\log f_0` finite. Returns
+        The same draw as the general path (Gumbel-max, race, back-off,
+        audit), for the common case: every :math:`\log f_0` finite. Returns
         None, having drawn nothing, when that case does not hold. A lone
         scalar's exact draws take it too (every draw when it decides exactly,
         the back-off's draws otherwise), compiled races, control variates or
         not: Gumbel-max on one fused pass.
         """
-        terms = self.terms
-        n_obs, n_cat = terms.n_obs, self.n_categories[0]
-        values = self._values[0]
+        n_obs, n_cat = self.terms.n_obs, self.n_categories[0]
         log_f0 = self._lone_log_f0(point)
         has_inf = (  # the Python race handles -inf candidates
             self._constant_f0_has_inf
@@ -405,35 +404,68 @@ class SubsampledCategoricalGibbs(RacingStep):
         )
         if has_inf:
             return None
-        noise = self._lean_random(n_cat)
-        n_raced = 0
+        at = self._lean_next(n_cat)
+        noise = self._lean_noise[at]
+        verdict = AUDIT_NOT_RUN
         if self.decides_exactly or self._backoff.take(LONE_KEY):
-            totals = terms.loglik_sum([values], point)
-            score = log_f0 + totals + noise
-            if np.isfinite(score).all():  # the usual case, with none of the checks below
-                value, n_evals, n_rounds, exhausted = int(score.argmax()), n_obs * n_cat, 1, True
-            else:
-                value, res = self._exact_draw(log_f0, totals.__getitem__, noise, n_obs)
-                n_evals, n_rounds, exhausted = res.n_evaluations, res.n_rounds, res.exhausted
+            n_raced = 0
+            value, n_evals, n_rounds, exhausted = self._lean_exact(log_f0, noise, point)
         else:
             n_raced = 1
-            race = self._compiled_race
-            offsets = (log_f0 + noise) / n_obs
-            others = tuple(terms.other_arrays(point)) if self._lean_others else ()
-            status = race.launch(values, terms.permuted_rows(), others, self._lean_seed(), offsets)
-            if status == DECIDED:
-                value, n_evals, n_rounds = race.outcome()
-                exhausted = False
-            else:
-                res = race.finish(status, offsets, self._lone_totals(point))
-                value, n_evals, n_rounds = res.winner, res.n_evaluations, res.n_rounds
-                exhausted = res.exhausted
+            if self._constant_f0 is None:
+                offsets = (log_f0 + noise) / n_obs
+            else:  # computed for the whole buffer at once
+                if self._lean_offsets is None:
+                    self._lean_offsets = (self._constant_f0 + self._lean_noise) / n_obs
+                offsets = self._lean_offsets[at]
+            value, n_evals, n_rounds, exhausted, totals = self._lean_race(offsets, point)
             if self.backoff:  # did it pay, or did most candidates reach the exact pass?
                 self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
+            if audit:  # the exact decision for the same noise (from the race's sums if all)
+                with self._audit_clock():
+                    decision = self._lean_exact(log_f0, noise, point, totals)[0]
+                self._record_audit(decision == value)
+                verdict = AUDIT_AGREE if decision == value else AUDIT_DISAGREE
         point = dict(point)
-        point[self.vars[0].name] = np.array(values[value])
-        stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, AUDIT_NOT_RUN)
+        point[self.vars[0].name] = np.array(self._values[0][value])
+        stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict)
         return point, [stats]
+
+    def _lean_exact(self, log_f0, noise, point, totals=None):
+        """Exact Gumbel-max draw of a lone scalar: ``(value, n_evals, n_rounds, exhausted)``.
+
+        ``totals``: every value's sum of terms when already computed.
+        """
+        n_obs = self.terms.n_obs
+        if totals is None:
+            totals = self.terms.loglik_sum([self._values[0]], point)
+        score = log_f0 + totals + noise
+        if np.isfinite(score).all():  # the usual case, with none of the checks below
+            return int(score.argmax()), n_obs * len(score), 1, True
+        value, res = self._exact_draw(log_f0, totals.__getitem__, noise, n_obs)
+        return value, res.n_evaluations, res.n_rounds, res.exhausted
+
+    def _lean_race(self, offsets, point):
+        """Compiled race of a lone scalar: ``(value, n_evals, n_rounds, exhausted, totals)``.
+
+        ``totals`` are every value's sums of terms when the exact pass
+        computed them all (None otherwise), for an audit to reuse.
+        """
+        terms, race, values = self.terms, self._compiled_race, self._values[0]
+        others = tuple(terms.other_arrays(point)) if self._lean_others else ()
+        status = race.launch(values, terms.permuted_rows(), others, self._lean_seed(), offsets)
+        if status == DECIDED:
+            return (*race.outcome(), False, None)
+        if status == EXACT_PASS:  # the survivors' fused sums, decided here
+            alive = race.survivors()
+            sums = terms.loglik_sum([values[alive]], point)
+            outcome = race.exact_outcome(offsets, sums)
+            if outcome is not None:
+                return (*outcome, True, sums if len(alive) == len(values) else None)
+            res = race.finish(status, offsets, lambda arms: sums)  # a -inf or bad sum
+        else:
+            res = race.finish(status, offsets, self._lone_totals(point))
+        return res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None
 
     def _lone_log_f0(self, point) -> np.ndarray:
         r""":math:`\log f_0` of a lone scalar's values; computed once when it does not vary."""
@@ -450,13 +482,19 @@ class SubsampledCategoricalGibbs(RacingStep):
         values = self._values[0]
         return lambda arms: self.terms.loglik_sum([values[arms]], point)
 
-    def _lean_random(self, n_cat: int) -> np.ndarray:
-        """Next Gumbel noise of the lean path (drawn from ``rng`` in bulk, with the seeds)."""
+    def _lean_next(self, n_cat: int) -> int:
+        """Row of the lean path's next Gumbel noise (``rng`` draws a buffer at a time)."""
         at = self._lean_at
         if at >= LEAN_BUFFER:
             self._lean_noise = self.rng.gumbel(size=(LEAN_BUFFER, n_cat))
+            self._lean_offsets = None  # (log f0 + noise) / N, computed when needed
             at = 0
         self._lean_at = at + 1
+        return at
+
+    def _lean_random(self, n_cat: int) -> np.ndarray:
+        """Next Gumbel noise of the lean path (drawn from ``rng`` in bulk, with the seeds)."""
+        at = self._lean_next(n_cat)  # first: it may draw the buffer
         return self._lean_noise[at]
 
     def _lean_seed(self) -> np.ndarray:

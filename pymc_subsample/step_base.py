@@ -360,8 +360,12 @@ class RacingStep(BlockedStep):
         """Count an audited decision; warn once when the error rate clearly exceeds delta."""
         self.n_audits += 1
         self.n_disagreements += int(not agree)
+        if agree or self._warned:
+            # P(Binomial(n, delta) >= k) grows with n at fixed k: an agreement cannot make
+            # the test below pass, so it is run (a slow scipy call) only at disagreements
+            return
         k, n = self.n_disagreements, self.n_audits
-        if not self._warned and k > 0 and stats.binom.sf(k - 1, n, self.delta) < 1e-3:
+        if stats.binom.sf(k - 1, n, self.delta) < 1e-3:
             self._warned = True
             warnings.warn(
                 f"{type(self).__name__}: {k} of {n} audited decisions differed from the exact "

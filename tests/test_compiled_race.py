@@ -253,3 +253,89 @@ def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_sel
     assert all(s["n_raced"] == 1 for s in st)
     early = sum(s["n_evals"] < 0.5 * 5 * step.terms.n_obs for s in st)
     assert early > (500 if case == "tied" else 0), early  # races decided on a subsample
+
+
+@njit
+def rare_inf_terms(cand, rows):
+    """N(mu, 1) terms; candidates above 0.5 have mean cand - 1 and -inf terms on rows > 4."""
+    out = np.empty((len(cand), len(rows)))
+    for i in range(len(cand)):
+        mu = cand[i] - 1.0 if cand[i] > 0.5 else cand[i]
+        for n in range(len(rows)):
+            z = rows[n] - mu
+            out[i, n] = -np.inf if cand[i] > 0.5 and rows[n] > 4.0 else -0.5 * z * z
+    return (out,)
+
+
+def test_exact_outcome_decides_as_finish():
+    """The lean end of an exact pass makes :meth:`finish`'s decision, or defers to it.
+
+    Near-tied arms reach the exact pass; one arm has -inf terms on a few rows
+    (rows above 4 sd), which its looks rarely meet, so that some exact passes
+    see a -inf sum: then ``exact_outcome`` returns None and ``finish`` decides.
+    """
+    from pymc_subsample.racing.compiled import EXACT_PASS, CompiledRace
+
+    n_obs = 200_000
+    data = np.random.default_rng(2).normal(size=n_obs)
+    assert 0 < np.sum(data > 4.0) < 20
+    cand = np.array([0.0, 0.002, 0.004, 1.003])  # the last: mean 0.003, rare -inf rows
+    config = RaceConfig(batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks")
+    race = CompiledRace(CompiledRewards(rare_inf_terms, [data]), config, 4, n_obs, 0)
+
+    def totals(arms):
+        return rare_inf_terms(cand[arms], data)[0].sum(axis=1)
+
+    noise_rng, cases = np.random.default_rng(1), {"finite": 0, "-inf": 0}
+    for seed in range(60):
+        offsets = noise_rng.gumbel(size=4) / n_obs
+        status = race.launch(cand, (data,), (), np.array([seed], dtype=np.uint64), offsets)
+        if status != EXACT_PASS:
+            continue
+        sums = totals(race.survivors())
+        got = race.exact_outcome(offsets, sums)
+        expected = race.finish(status, offsets, totals)
+        if np.isfinite(sums).all():
+            cases["finite"] += 1
+            assert got == (expected.winner, expected.n_evaluations, expected.n_rounds)
+        else:
+            cases["-inf"] += 1
+            assert got is None and expected.winner != 3
+    assert cases["finite"] > 5 and cases["-inf"] > 0, cases
+
+
+def test_lean_compiled_step_audits_its_races(large_selector):
+    """Audits of compiled races run on the lean path, and they see a wrong decision.
+
+    Every draw is audited (``audit_every=1``), none leaves the lean path, and
+    the audited error rate is within delta; with the race's value replaced by
+    another one, every audit of a raced draw disagrees.
+    """
+    from scipy import stats
+    from test_gibbs import draw_many
+
+    model, q = large_selector
+    point = dict(model.initial_point(), slope=np.asarray(0.5))
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q], rng=3, audit_every=1, backoff=False, batch_size=400, exact_fraction=0.1
+        )
+    assert step._compiled
+    step._step = lambda p, audit: pytest.fail("the general path")
+    _, st = draw_many(step, point, 300, "q")
+    assert all(s["n_raced"] == 1 and s["audit_agree"] >= 0 for s in st)
+    assert step.n_audits == 300
+    assert stats.binom.sf(step.n_disagreements - 1, 300, step.delta) > 1e-3
+
+    race = step._lean_race
+
+    def wrong_race(offsets, p):
+        value, *rest = race(offsets, p)
+        return ((value + 1) % 5, *rest)
+
+    step._lean_race = wrong_race
+    with pytest.warns(UserWarning, match="audited decisions differed"):
+        _, st = draw_many(step, point, 50, "q")
+    # the race's own value is exact but for about delta of the draws: then the shifted
+    # one may happen to be right
+    assert sum(s["audit_agree"] == 0 for s in st) >= 45

@@ -234,6 +234,38 @@ def test_default_audits_warn_on_heavy_tailed_terms():
     assert 30 < audited < len(st)
 
 
+def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
+    """The error-rate test (a scipy call) is skipped at agreements, which cannot pass it.
+
+    At fixed k, P(Binomial(n, delta) >= k) grows with n, so an agreement can
+    only raise the p-value: checked on a grid, and the skipped calls counted.
+    """
+    from pymc_subsample import step_base
+
+    n = np.arange(1, 3000)
+    for k in (1, 2, 5, 20, 100):
+        p_values = stats.binom.sf(k - 1, n, 0.05)
+        assert np.all(np.diff(p_values) >= -1e-15)
+    model, q = selector
+    with model:
+        step = SubsampledCategoricalGibbs([q], rng=0, delta=0.05)
+    calls = []
+    real = step_base.stats.binom.sf
+    monkeypatch.setattr(
+        step_base.stats.binom, "sf", lambda *a: calls.append(a) or real(*a), raising=True
+    )
+    for _ in range(200):
+        step._record_audit(True)
+    assert calls == [] and step.n_audits == 200
+    with pytest.warns(UserWarning, match="audited decisions differed"):
+        for _ in range(40):
+            step._record_audit(False)
+    assert step.n_disagreements == 40 and 0 < len(calls) <= 40
+    counted = len(calls)
+    step._record_audit(False)  # warned: no more tests, still counted
+    assert len(calls) == counted and step.n_disagreements == 41
+
+
 def test_auto_audits_are_budgeted_against_the_steps_own_time(selector):
     """Slow steps beside ours (a sleep between our draws) do not buy it more audits.
 
@@ -660,7 +692,7 @@ def test_control_variate_steps_back_off_on_the_lean_path():
         )
     step._backoff.state[(0, 0)] = [64, 10**6, 1.0]  # every draw exact from here
     lean, calls = step._lean_step, []
-    step._lean_step = lambda p: calls.append(1) or lean(p)
+    step._lean_step = lambda p, audit: calls.append(1) or lean(p, audit)
     step._step = lambda p, audit: pytest.fail("the general path")
     draws, st = draw_many(step, point, 1500, "q")
     assert_matches(draws, probs, 4)

@@ -318,6 +318,27 @@ class CompiledRace:
         _, _, _, _, n_evals, n_rounds, winner = self._out_ints.tolist()
         return winner, n_evals, n_rounds
 
+    def survivors(self) -> np.ndarray:
+        """Return the arms alive after the last launch (the driver's buffer: read, not kept)."""
+        return self._out_alive[: self._out_ints[0]]
+
+    def exact_outcome(self, offsets: np.ndarray, sums: np.ndarray) -> tuple[int, int, int] | None:
+        r"""End the last launch's race in its exact pass: ``(winner, n_evaluations, n_rounds)``.
+
+        The lean form of :meth:`finish` after :data:`EXACT_PASS`, for finite
+        ``sums``, the survivors' sums :math:`\sum_{n=1}^N r_n(i)`: the winner
+        is the survivor of largest ``sums / N + offsets``, as
+        :meth:`~pymc_subsample.racing.race.SharedRace.exact_look` decides.
+        Returns None when some sum is not finite (:meth:`finish` then decides,
+        or raises the usual error).
+        """
+        na = int(self._out_ints[0])
+        if len(sums) != na or not np.isfinite(sums).all():
+            return None
+        alive = self._out_alive[:na]
+        winner = int(alive[np.argmax(sums / self.n_obs + offsets[alive])])
+        return winner, int(self._out_ints[4]) + self.n_obs * na, int(self._out_ints[5]) + 1
+
     def state(self, offsets: np.ndarray) -> RaceState:
         """Return the :class:`~pymc_subsample.racing.race.RaceState` after the last launch.
 
