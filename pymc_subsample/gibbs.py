@@ -275,6 +275,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         ]
         #: One scalar variable: the lean path (:meth:`_lean_step`) can draw it.
         self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
+        self._lone_name = self.vars[0].name
+        self._lone_points = [np.array(v) for v in self._values[0]]  # its values, as a point has
         self.backoff = bool(backoff)
         self._backoff = Backoff()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
@@ -396,13 +398,13 @@ class SubsampledCategoricalGibbs(RacingStep):
         not: Gumbel-max on one fused pass.
         """
         n_obs, n_cat = self.terms.n_obs, self.n_categories[0]
-        log_f0 = self._lone_log_f0(point)
-        has_inf = (  # the Python race handles -inf candidates
-            self._constant_f0_has_inf
-            if self._constant_f0 is not None
-            else not np.isfinite(log_f0).all()
-        )
-        if has_inf:
+        log_f0 = self._constant_f0
+        if log_f0 is None:
+            log_f0 = self._lone_log_f0(point)
+            has_inf = not np.isfinite(log_f0).all()
+        else:
+            has_inf = self._constant_f0_has_inf
+        if has_inf:  # the Python race handles -inf candidates
             return None
         at = self._lean_next(n_cat)
         noise = self._lean_noise[at]
@@ -427,7 +429,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                 self._record_audit(decision == value)
                 verdict = AUDIT_AGREE if decision == value else AUDIT_DISAGREE
         point = dict(point)
-        point[self.vars[0].name] = np.array(self._values[0][value])
+        point[self._lone_name] = self._lone_points[value].copy()
         stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict)
         return point, [stats]
 
