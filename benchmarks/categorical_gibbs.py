@@ -81,7 +81,9 @@ def interleaved(steps, point, seconds=0.2, blocks=5):
             t0 = time.perf_counter()
             for _ in range(3):
                 points[name], _ = step.step(points[name])
-            sizes[name] = int(np.clip(seconds * 3 / (time.perf_counter() - t0), 5, 2000))
+            # blocks of about `seconds`: a cap of 2,000 draws made an easy draw's blocks
+            # about 30 ms long, so that one audit (an exact pass) could fill half a block
+            sizes[name] = int(np.clip(seconds * 3 / (time.perf_counter() - t0), 5, 100_000))
         except ValueError:  # PyMC's proportional proposal on a point-mass conditional
             del steps[name]
     times = {name: [] for name in steps}
