@@ -339,3 +339,42 @@ def test_lean_compiled_step_audits_its_races(large_selector):
     # the race's own value is exact but for about delta of the draws: then the shifted
     # one may happen to be right
     assert sum(s["audit_agree"] == 0 for s in st) >= 45
+
+
+def test_free_audits_are_not_timed():
+    """An audit from the race's own sums is not timed; every other audit is.
+
+    Two near-tied values at N = 100,000: most races reach the exact pass with
+    both alive, whose sums are the audit's (free), the others decide early
+    and their audits take a fused pass. Timed, a free audit would set the
+    fastest audit, which caps what every later audit is charged, and the
+    ``"auto"`` budget would then audit nearly every raced draw.
+    """
+    from test_gibbs import draw_many
+
+    rng = np.random.default_rng(6)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", rng.normal(0.001, 1.0, size=100_000))
+        q = pm.Categorical("q", p=np.full(2, 0.5))
+        pm.Normal("y", pt.as_tensor(np.array([0.0, 0.002]))[q], 1.0, observed=y_data)
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q], rng=2, audit_every=1, backoff=False, batch_size=400, exact_fraction=0.1
+        )
+    assert step._compiled
+    race, clock, clocked, free = step._lean_race, step._audit_clock, [], []
+
+    def counted_clock():
+        clocked.append(1)
+        return clock()
+
+    def recorded_race(offsets, p):
+        out = race(offsets, p)
+        free.append(out[-1] is not None)
+        return out
+
+    step._audit_clock, step._lean_race = counted_clock, recorded_race
+    _, st = draw_many(step, model.initial_point(), 200, "q")
+    n_free = sum(free)
+    assert 20 < n_free < 200 and len(clocked) == 200 - n_free, (n_free, len(clocked))
+    assert all(s["audit_agree"] >= 0 for s in st) and step.n_audits == 200
