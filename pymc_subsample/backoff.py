@@ -38,9 +38,16 @@ class Backoff:
     started at :data:`BACKOFF_SHARE`, so that a first race that gives up backs
     off and a key whose races pay forgets the start within a few races).
     Deterministic: the same outcomes give the same runs.
+
+    Parameters
+    ----------
+    enabled : bool
+        False: :meth:`record` keeps nothing, so no decision is ever exact by
+        the back-off (every one races).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = bool(enabled)
         self.state: dict[Hashable, list] = {}
 
     def reset(self) -> None:
@@ -67,8 +74,10 @@ class Backoff:
         exact decision's ``n_exact`` (in the same units). While the share of
         races that gave up is above :data:`BACKOFF_SHARE`, a race that gives
         up doubles the run that follows it (1, 2, 4, ..., :data:`MAX_BACKOFF`);
-        a race that pays ends the doubling.
+        a race that pays ends the doubling. Nothing when not ``enabled``.
         """
+        if not self.enabled:
+            return
         gave_up = n_evaluations >= 0.5 * n_exact
         state = self.state.get(key)
         if state is None:

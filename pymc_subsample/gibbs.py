@@ -9,10 +9,11 @@ so its law is within total variation :math:`\delta` of the exact conditional.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
-from .backoff import Backoff
 from .cost import compiled_look_cost
 from .racing import RaceResult, sample_categorical
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
@@ -263,6 +264,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             data=data,
             batches=batches,
             shuffle_every=shuffle_every,
+            backoff=backoff,
             model=model,
             rng=rng,
             initial_point=initial_point,
@@ -277,8 +279,6 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
         self._lone_name = self.vars[0].name
         self._lone_points = [np.array(v) for v in self._values[0]]  # its values, as a point has
-        self.backoff = bool(backoff)
-        self._backoff = Backoff()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
         self._lean_offsets = None  # (log f0 + noise) / N of the lean buffer's rows
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
@@ -421,17 +421,15 @@ class SubsampledCategoricalGibbs(RacingStep):
                     self._lean_offsets = (self._constant_f0 + self._lean_noise) / n_obs
                 offsets = self._lean_offsets[at]
             value, n_evals, n_rounds, exhausted, totals = self._lean_race(offsets, point)
-            if self.backoff:  # did it pay, or did most candidates reach the exact pass?
-                self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
+            # did it pay, or did most candidates reach the exact pass?
+            self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
             if audit:  # the exact decision for the same noise
-                if totals is None:
-                    with self._audit_clock():
-                        decision = self._lean_exact(log_f0, noise, point)[0]
-                else:  # from the race's own sums, free: not timed, so that it does not set
-                    # the fastest audit, which caps what the dear ones are charged
-                    decision = self._lean_exact(log_f0, noise, point, totals)[0]
-                self._record_audit(decision == value)
-                verdict = AUDIT_AGREE if decision == value else AUDIT_DISAGREE
+                # from the race's own sums it is free, and not timed: it would set the
+                # fastest audit, which caps what the dear ones are charged
+                with self._audit_clock() if totals is None else nullcontext():
+                    agree = self._lean_exact(log_f0, noise, point, totals)[0] == value
+                self._record_audit(agree)
+                verdict = AUDIT_AGREE if agree else AUDIT_DISAGREE
         point = dict(point)
         point[self._lone_name] = self._lone_points[value].copy()
         stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict)
@@ -570,8 +568,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                             config=self.race_config,
                             **self._race_kwargs(),
                         )
-                    if self.backoff:  # did it pay, or did most candidates reach the exact pass?
-                        self._backoff.record((j, k), res.n_evaluations, n_obs * n_cat)
+                    # did it pay, or did most candidates reach the exact pass?
+                    self._backoff.record((j, k), res.n_evaluations, n_obs * n_cat)
                     if audit:
                         with self._audit_clock():
                             decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
@@ -669,9 +667,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         return res.winner, res
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
-        """Reset per-chain state, the back-off included."""
+        """Reset per-chain state, the lean path's buffers included."""
         super().setup_chain(rng, tune, draws)
-        self._backoff.reset()
         self._lean_at = self._lean_seed_at = LEAN_BUFFER
 
     def _residual_race(self, j, k, cands, point, log_f0):

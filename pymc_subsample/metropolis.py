@@ -21,7 +21,6 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
-from .backoff import Backoff
 from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
@@ -252,6 +251,7 @@ class RacingMetropolis(RacingStep):
             data=data,
             batches=batches,
             shuffle_every=shuffle_every,
+            backoff=backoff,
             model=model,
             rng=rng,
             initial_point=initial_point,
@@ -283,8 +283,6 @@ class RacingMetropolis(RacingStep):
         if not 0.0 < self.target_accept < 1.0:
             raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
         self.elemwise = bool(elemwise)
-        self.backoff = bool(backoff)
-        self._backoff = Backoff()
         self.control_variates = bool(control_variates)
         self._coordinates, self._to_coordinates, self._pullback = [], None, None
         self._coordinate_shapes: list = []
@@ -393,7 +391,6 @@ class RacingMetropolis(RacingStep):
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
         super().setup_chain(rng, tune, draws)
-        self._backoff.reset()
         self.reset_tuning()
 
     def stop_tuning(self):
@@ -816,14 +813,13 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values[k + arms] - weights[arms] @ values[:k]
 
-        exact = self.decides_exactly or self._backoff.take(key)  # no runs without backoff
+        exact = self.decides_exactly or self._backoff.take(key)
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
         if config is not None:
             log["raced"] += 1
-            if self.backoff:  # as n_evals counts them, against an exact decision's 2N
-                self._backoff.record(key, spent[0], 2 * n_obs)
+            self._backoff.record(key, spent[0], 2 * n_obs)  # as n_evals counts, against 2N
         log["n_evals"] += spent[0]
         log["exhausted"] |= res.exhausted
         if audit and config is not None:

@@ -12,6 +12,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 from scipy import stats
 
+from .backoff import Backoff
 from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
 from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
@@ -87,6 +88,10 @@ class RacingStep(BlockedStep):
         ``"windows"``; ``"auto"``: :math:`\max(1, \lfloor N /`
         :data:`SHUFFLE_DIVISOR` :math:`\rfloor)`, so that a redraw (one pass
         that moves every row) costs about a tenth of a row move per draw.
+    backoff : bool
+        Decide exactly, without a race, while most recent races gave up
+        (:class:`~pymc_subsample.backoff.Backoff`, kept in ``_backoff`` and
+        reset at the start of every chain).
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
     """
@@ -106,6 +111,7 @@ class RacingStep(BlockedStep):
         data,
         batches: str,
         shuffle_every: int,
+        backoff: bool,
         model,
         rng,
         initial_point,
@@ -164,6 +170,8 @@ class RacingStep(BlockedStep):
         auto_every = max(1, n_obs // SHUFFLE_DIVISOR)
         self.shuffle_every = auto_every if auto_shuffle else int(shuffle_every)
         self.blocked = blocked
+        self.backoff = bool(backoff)
+        self._backoff = Backoff(self.backoff)
         self.tune = False
         self.n_steps = 0
         self.race_config: RaceConfig | None = None
@@ -278,8 +286,9 @@ class RacingStep(BlockedStep):
     # -- per-chain state -------------------------------------------------------------
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
-        """Reset per-chain state (rng, draw counter, row permutation) before a chain starts."""
+        """Reset per-chain state (rng, draw counter, permutation, back-off) before a chain."""
         super().setup_chain(rng, tune, draws)
+        self._backoff.reset()
         self.n_steps = 0
         self.tune = tune > 0
         self._reset_audits()

@@ -45,6 +45,11 @@ __all__ = ["CompiledRace", "CompiledRewards", "race_blocks", "race_compiled", "s
 #: Status codes returned by a compiled race.
 DECIDED, EXACT_PASS, ALL_MINUS_INF, NAN_REWARD, POSINF_REWARD = range(5)
 
+#: Layout of a compiled race's integer array: :data:`_N_SETTINGS` settings (the last one
+#: the number of looks L), the L look sizes, :data:`_N_OUT_INTS` outputs, then the D
+#: surviving arms; its float array holds 5 settings, then the (4, D) state rows.
+_N_SETTINGS, _N_OUT_INTS = 8, 7
+
 _TEMPLATE = """
 def driver(cand, {args}, bits, seed, ints, reals, offsets):
     n_blocks, block, n_obs, t_last = ints[0], ints[1], ints[2], ints[3]
@@ -52,10 +57,10 @@ def driver(cand, {args}, bits, seed, ints, reals, offsets):
     threshold, floor_range, cantelli = reals[0], reals[1], reals[2]
     factor_last, floor_last = reals[3], reals[4]
     d = len(offsets)
-    n_looks = ints[7]
-    looks = ints[8:8 + n_looks]
-    out_ints = ints[8 + n_looks:15 + n_looks]
-    out_alive = ints[15 + n_looks:15 + n_looks + d]
+    n_looks = ints[{ns} - 1]
+    looks = ints[{ns}:{ns} + n_looks]
+    out_ints = ints[{ns} + n_looks:{ns} + {no} + n_looks]
+    out_alive = ints[{ns} + {no} + n_looks:{ns} + {no} + n_looks + d]
     out_reals = reals[5:5 + 4 * d].reshape((4, d))
     alive = np.arange(d)
     mean = np.zeros(d)
@@ -186,6 +191,8 @@ def _driver(fn, n_rows: int, n_others: int):
             args=", ".join(rows + others),
             gathers=gathers,
             call=", ".join([f"r{i}" for i in range(n_rows)] + others),
+            ns=_N_SETTINGS,
+            no=_N_OUT_INTS,
         )
         namespace = {
             "fn": fn,
@@ -283,17 +290,18 @@ class CompiledRace:
         d, n_looks = int(n_arms), len(looks)
         settings = [self.n_blocks, BLOCK_ROWS, self.n_obs, t_last,
                     kernel.pairwise, kernel._guard, kernel.can_give_up, n_looks]  # fmt: skip
-        self._ints = np.zeros(len(settings) + n_looks + 7 + d, dtype=np.int64)
-        self._ints[: len(settings)] = settings
-        self._ints[len(settings) : len(settings) + n_looks] = looks
+        assert len(settings) == _N_SETTINGS  # the layout the driver reads (_N_SETTINGS)
+        out = _N_SETTINGS + n_looks
+        self._ints = np.zeros(out + _N_OUT_INTS + d, dtype=np.int64)
+        self._ints[:_N_SETTINGS] = settings
+        self._ints[_N_SETTINGS:out] = looks
         floor_range = -1.0 if bound.floor_range is None else float(bound.floor_range)
         self._reals = np.zeros(5 + 4 * d)
         self._reals[:5] = [bound.threshold, floor_range, kernel._cantelli, factor_last, floor_last]
         # views of what the driver writes: the race's state after its last look
-        out = len(settings) + n_looks
-        self._looks = self._ints[len(settings) : out]
-        self._out_ints = self._ints[out : out + 7]
-        self._out_alive = self._ints[out + 7 :]
+        self._looks = self._ints[_N_SETTINGS:out]
+        self._out_ints = self._ints[out : out + _N_OUT_INTS]
+        self._out_alive = self._ints[out + _N_OUT_INTS :]
         self._out_reals = self._reals[5:].reshape(4, d)
 
     def launch(
