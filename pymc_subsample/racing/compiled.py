@@ -24,7 +24,7 @@ two).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, cfunc, njit, types
 
 from .common import RaceResult, TotalsFn, check_reward_values
 from .kernels import look_normal, stuck_arms
@@ -52,83 +52,146 @@ _N_SETTINGS, _N_OUT_INTS = 8, 7
 
 _TEMPLATE = """
 def driver(cand, {args}, bits, seed, ints, reals, offsets):
-    n_blocks, block, n_obs, t_last = ints[0], ints[1], ints[2], ints[3]
+    drawn = _begin(ints, reals, len(offsets))
+    block, n_obs = ints[1], ints[2]
+    nd = 0
+    status = 1
+    for li in range(ints[{ns} - 1]):
+        ids = _next_blocks(bits, seed, ints, li, drawn, nd)
+        if len(ids) == 0:
+            continue
+        nd += len(ids)
+{gathers}
+        batch = np.ascontiguousarray(fn(_alive_candidates(cand, ints, len(offsets)), {call})[0])
+        outcome = _look_c(batch.ctypes, batch.shape[0], batch.shape[1], ints.ctypes, len(ints),
+                          reals.ctypes, len(reals), offsets.ctypes, len(offsets))
+        if outcome >= 0:
+            status = outcome
+            break
+    _unmark(bits, drawn[:nd])
+    return status
+"""
+
+
+@njit(cache=True)
+def _layout(ints, d):  # pragma: no cover - compiled
+    """Where the race's state lies in the packed buffers: ``(out, alive, rows)``.
+
+    ``ints[out:out + _N_OUT_INTS]`` are the outputs, ``ints[alive:alive + d]``
+    the arms (the first ``ints[out]`` alive), ``reals[rows + k * d + i]``
+    row ``k`` of the state (mean, mean difference, sum of squares of the
+    alive arms; the dropped arms' means). Helpers index the buffers at these
+    offsets rather than return views of them: views returned by a helper
+    lose the caller's later writes once compiled (seen with Numba 0.6x).
+    """
+    out = _N_SETTINGS + ints[_N_SETTINGS - 1]
+    return out, out + _N_OUT_INTS, 5
+
+
+@njit(cache=True)
+def _begin(ints, reals, d):  # pragma: no cover - compiled
+    """Start a race in the buffers (every arm alive, nothing drawn); return the draw log."""
+    out, alive, rows = _layout(ints, d)
+    for i in range(d):
+        ints[alive + i] = i
+        reals[rows + i] = 0.0
+        reals[rows + d + i] = 0.0
+        reals[rows + 2 * d + i] = 0.0
+        reals[rows + 3 * d + i] = np.nan
+    for k in range(_N_OUT_INTS):
+        ints[out + k] = 0
+    ints[out] = d
+    ints[out + 2] = -1  # no reference arm
+    ints[out + 6] = -1  # no winner
+    n_looks, block = ints[_N_SETTINGS - 1], ints[1]
+    return np.empty(ints[out - 1] // block + n_looks + 1, dtype=np.int64)
+
+
+@njit(cache=True)
+def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compiled
+    """Draw the blocks of look ``li`` (none when it adds no rows); log them in ``drawn``."""
+    n_blocks, block = ints[0], ints[1]
+    n_drawn = ints[_N_SETTINGS + ints[_N_SETTINGS - 1] + 1]
+    k = ints[_N_SETTINGS + li] - n_drawn
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    want = (k + block - 1) // block
+    ids = _draw_fresh(bits, n_blocks, want, seed)
+    if want > 512:
+        ids = _bucket_sorted(ids, n_blocks)
+    drawn[nd : nd + want] = ids
+    return ids
+
+
+@njit(cache=True)
+def _alive_candidates(cand, ints, d):  # pragma: no cover - compiled
+    """The candidates of the arms still alive."""
+    out, alive, _ = _layout(ints, d)
+    return cand[ints[alive : alive + ints[out]]]
+
+
+@njit(cache=True)
+def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
+    r"""Apply one look's rewards ``batch`` (alive arms × new rows) to the state in the buffers.
+
+    :func:`~pymc_subsample.racing.kernels.look_normal` at the look's width,
+    arms with a :math:`-\infty` reward dropped (their mean :math:`-\infty`),
+    the eliminations, then the give-up test. Returns −1 when the race goes
+    on, else its status (:data:`DECIDED`, :data:`EXACT_PASS` on giving up,
+    :data:`ALL_MINUS_INF`, :data:`NAN_REWARD`, :data:`POSINF_REWARD`).
+    """
+    d = len(offsets)
+    out, at, rows = _layout(ints, d)
+    n_obs, t_last = ints[2], ints[3]
     pairwise, guard, give_up = ints[4] != 0, ints[5] != 0, ints[6] != 0
     threshold, floor_range, cantelli = reals[0], reals[1], reals[2]
     factor_last, floor_last = reals[3], reals[4]
-    d = len(offsets)
-    n_looks = ints[{ns} - 1]
-    looks = ints[{ns}:{ns} + n_looks]
-    out_ints = ints[{ns} + n_looks:{ns} + {no} + n_looks]
-    out_alive = ints[{ns} + {no} + n_looks:{ns} + {no} + n_looks + d]
-    out_reals = reals[5:5 + 4 * d].reshape((4, d))
-    alive = np.arange(d)
-    mean = np.zeros(d)
-    dmean = np.zeros(d)
-    m2 = np.zeros(d)
-    means = np.full(d, np.nan)
-    ref = -1
-    n_ref = 0
-    n_drawn = 0
-    n_evals = 0
-    n_rounds = 0
-    winner = -1
-    status = 1
-    drawn = np.empty(looks[-1] // block + len(looks) + 1, dtype=np.int64)
-    nd = 0
-    for li in range(len(looks)):
-        k = looks[li] - n_drawn
-        if k <= 0:
-            continue
-        want = (k + block - 1) // block
-        ids = _draw_fresh(bits, n_blocks, want, seed)
-        if want > 512:
-            ids = _bucket_sorted(ids, n_blocks)
-        drawn[nd:nd + want] = ids
-        nd += want
-{gathers}
-        batch = fn(cand[alive], {call})[0]
-        size = n_drawn + batch.shape[1]
-        n_evals += batch.size
-        n_rounds += 1
-        factor = threshold * np.sqrt((n_obs - size) / (n_obs - 1.0) / size)
-        floor = 0.0
-        if floor_range >= 0.0:
-            p0 = 1.0 / (size + 1.0)
-            floor = floor_range * np.sqrt(p0 * (1.0 - p0))
-        while True:
-            out = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
-                              factor, floor, pairwise, guard, n_obs, cantelli)
-            if out[1] >= 0:
-                break
-            if np.isnan(batch).any():
-                status = 3
-                break
-            if np.isposinf(batch).any():
-                status = 4
-                break
-            finite = np.array([np.isfinite(batch[i]).all() for i in range(len(alive))])
-            for i in range(len(alive)):
-                if not finite[i]:
-                    means[alive[i]] = -np.inf
-            rows = np.flatnonzero(finite)
-            new_ref = -1
-            for j in range(len(rows)):
-                if rows[j] == ref:
-                    new_ref = j
-            ref = new_ref
-            alive = alive[rows]
-            batch = np.ascontiguousarray(batch[rows])
-            mean = mean[rows]
-            dmean = dmean[rows]
-            m2 = m2[rows]
-            if len(alive) == 0:
-                status = 2
-                break
-        if status >= 2:
-            n_drawn = size
+    na, n_drawn, ref, n_ref = ints[out], ints[out + 1], ints[out + 2], ints[out + 3]
+    alive = ints[at : at + na].copy()
+    mean = reals[rows : rows + na].copy()
+    dmean = reals[rows + d : rows + d + na].copy()
+    m2 = reals[rows + 2 * d : rows + 2 * d + na].copy()
+    means = rows + 3 * d  # where the dropped arms' means go
+    size = n_drawn + batch.shape[1]
+    ints[out + 4] += batch.size
+    ints[out + 5] += 1
+    factor = threshold * np.sqrt((n_obs - size) / (n_obs - 1.0) / size)
+    floor = 0.0
+    if floor_range >= 0.0:
+        p0 = 1.0 / (size + 1.0)
+        floor = floor_range * np.sqrt(p0 * (1.0 - p0))
+    status = -1
+    look = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
+                       factor, floor, pairwise, guard, n_obs, cantelli)
+    while look[1] < 0:  # some reward is not finite
+        if np.isnan(batch).any():
+            status = NAN_REWARD
             break
-        stats, lead, n_ref, n_keep, keep = out
+        if np.isposinf(batch).any():
+            status = POSINF_REWARD
+            break
+        finite = np.array([np.isfinite(batch[i]).all() for i in range(len(alive))])
+        for i in range(len(alive)):
+            if not finite[i]:
+                reals[means + alive[i]] = -np.inf
+        kept = np.flatnonzero(finite)
+        new_ref = -1
+        for j in range(len(kept)):
+            if kept[j] == ref:
+                new_ref = j
+        ref = new_ref
+        alive = alive[kept]
+        batch = np.ascontiguousarray(batch[kept])
+        mean = mean[kept]
+        dmean = dmean[kept]
+        m2 = m2[kept]
+        if len(alive) == 0:
+            status = ALL_MINUS_INF
+            break
+        look = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
+                           factor, floor, pairwise, guard, n_obs, cantelli)
+    if status < 0:
+        stats, lead, n_ref, n_keep, keep = look
         mean = stats[0]
         dmean = stats[1]
         m2 = stats[2]
@@ -137,39 +200,50 @@ def driver(cand, {args}, bits, seed, ints, reals, offsets):
             off = offsets[alive]
             for i in range(len(alive)):
                 if not keep[i]:
-                    means[alive[i]] = mean[i] + off[i]
+                    reals[means + alive[i]] = mean[i] + off[i]
             if ref >= 0:
                 ref = np.count_nonzero(keep[:ref])
             alive = alive[keep]
             mean = mean[keep]
             dmean = dmean[keep]
             m2 = m2[keep]
-        n_drawn = size
         if len(alive) == 1:
-            winner = alive[0]
-            status = 0
-            break
-        if give_up and n_drawn < t_last:
-            stuck = stuck_arms(mean, offsets[alive], m2, ref, n_ref, n_drawn, pairwise,
+            ints[out + 6] = alive[0]
+            status = DECIDED
+        elif give_up and size < t_last:
+            stuck = stuck_arms(mean, offsets[alive], m2, ref, n_ref, size, pairwise,
                                factor_last, floor_last, n_obs)
             if stuck > 0 and 2 * (stuck + 1) >= len(alive):
-                break
-    _unmark(bits, drawn[:nd])
+                status = EXACT_PASS
     na = len(alive)
-    out_alive[:na] = alive
-    out_reals[0, :na] = mean
-    out_reals[1, :na] = dmean
-    out_reals[2, :na] = m2
-    out_reals[3, :] = means
-    out_ints[0] = na
-    out_ints[1] = n_drawn
-    out_ints[2] = ref
-    out_ints[3] = n_ref
-    out_ints[4] = n_evals
-    out_ints[5] = n_rounds
-    out_ints[6] = winner
+    for i in range(na):
+        ints[at + i] = alive[i]
+        reals[rows + i] = mean[i]
+        reals[rows + d + i] = dmean[i]
+        reals[rows + 2 * d + i] = m2[i]
+    ints[out] = na
+    ints[out + 1] = size
+    ints[out + 2] = ref
+    ints[out + 3] = n_ref
     return status
-"""
+
+
+_F8P, _I8P, _I8 = types.CPointer(types.float64), types.CPointer(types.int64), types.int64
+
+
+@cfunc(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8), cache=True)
+def _look_c(batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d):  # pragma: no cover
+    """:func:`_look` behind a C pointer, called from the generated drivers.
+
+    A driver that called :func:`_look` directly would compile its code anew
+    (about 4 s of LLVM per driver); through this pointer, it is compiled
+    once and cached on disk.
+    """
+    return _look(
+        carray(batch, (n_alive, m)), carray(ints, (n_ints,)), carray(reals, (n_reals,)),
+        carray(offsets, (d,)),
+    )  # fmt: skip
+
 
 _DRIVERS: dict[tuple, object] = {}
 
@@ -192,15 +266,14 @@ def _driver(fn, n_rows: int, n_others: int):
             gathers=gathers,
             call=", ".join([f"r{i}" for i in range(n_rows)] + others),
             ns=_N_SETTINGS,
-            no=_N_OUT_INTS,
         )
         namespace = {
             "fn": fn,
+            "_begin": _begin,
+            "_next_blocks": _next_blocks,
+            "_alive_candidates": _alive_candidates,
+            "_look_c": _look_c,
             "np": np,
-            "look_normal": look_normal,
-            "stuck_arms": stuck_arms,
-            "_draw_fresh": _draw_fresh,
-            "_bucket_sorted": _bucket_sorted,
             "_gather_blocks": _gather_blocks,
             "_unmark": _unmark,
         }
