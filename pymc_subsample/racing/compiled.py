@@ -125,7 +125,7 @@ def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compile
 
 @njit(cache=True)
 def _alive_candidates(cand, ints, d):  # pragma: no cover - compiled
-    """The candidates of the arms still alive."""
+    """Return the candidates of the arms still alive."""
     out, alive, _ = _layout(ints, d)
     return cand[ints[alive : alive + ints[out]]]
 
@@ -161,8 +161,22 @@ def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
         p0 = 1.0 / (size + 1.0)
         floor = floor_range * np.sqrt(p0 * (1.0 - p0))
     status = -1
-    look = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
-                       factor, floor, pairwise, guard, n_obs, cantelli)
+    look = look_normal(
+        batch,
+        n_drawn,
+        mean,
+        ref,
+        n_ref,
+        dmean,
+        m2,
+        offsets[alive],
+        factor,
+        floor,
+        pairwise,
+        guard,
+        n_obs,
+        cantelli,
+    )
     while look[1] < 0:  # some reward is not finite
         if np.isnan(batch).any():
             status = NAN_REWARD
@@ -188,8 +202,22 @@ def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
         if len(alive) == 0:
             status = ALL_MINUS_INF
             break
-        look = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
-                           factor, floor, pairwise, guard, n_obs, cantelli)
+        look = look_normal(
+            batch,
+            n_drawn,
+            mean,
+            ref,
+            n_ref,
+            dmean,
+            m2,
+            offsets[alive],
+            factor,
+            floor,
+            pairwise,
+            guard,
+            n_obs,
+            cantelli,
+        )
     if status < 0:
         stats, lead, n_ref, n_keep, keep = look
         mean = stats[0]
@@ -211,8 +239,9 @@ def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
             ints[out + 6] = alive[0]
             status = DECIDED
         elif give_up and size < t_last:
-            stuck = stuck_arms(mean, offsets[alive], m2, ref, n_ref, size, pairwise,
-                               factor_last, floor_last, n_obs)
+            stuck = stuck_arms(
+                mean, offsets[alive], m2, ref, n_ref, size, pairwise, factor_last, floor_last, n_obs
+            )
             if stuck > 0 and 2 * (stuck + 1) >= len(alive):
                 status = EXACT_PASS
     na = len(alive)
