@@ -17,7 +17,9 @@ that all sides see the same machine load and each is timed in its steady
 state. Also reported: our own exact Gibbs step (``bound="exact"``: one
 fused pass), the per-observation terms evaluated per draw, the looks per
 draw, and the limit the race is measured against: terms evaluated x fused
-per-term cost + looks x compiled-call floor.
+per-term cost + looks x compiled-call floor, both units timed in the same
+interleaved blocks as the steps (a fused pass over all N·D terms; a look at
+one observation).
 
 Writes ``docs/results/tables/categorical_gibbs.md`` (``--quick``:
 ``categorical_gibbs_quick.md``). Run:
@@ -43,6 +45,20 @@ OUT = OUT / "categorical_gibbs.md"
 #: least two draws), so that a racing step is timed after its back-off has settled, as in
 #: a chain of thousands of draws (its first few races on a diffuse conditional all run).
 WARMUP_DRAWS, WARMUP_SECONDS = 40, 2.0
+#: Interleaved timing blocks per step (the median is reported): a row of 10-20 ms per draw
+#: gets about a dozen draws a block, and five blocks left it to a passing load.
+BLOCKS = 9
+
+
+class Timed:
+    """A function timed beside the steps, in the same interleaved blocks, as a 'step'."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def step(self, point):
+        self.fn()
+        return point, [{}]
 
 
 def make_model(n_obs, n_cat, kind, likelihood="normal", seed=0):
@@ -62,7 +78,7 @@ def make_model(n_obs, n_cat, kind, likelihood="normal", seed=0):
     return model, q
 
 
-def interleaved(steps, point, seconds=0.2, blocks=5):
+def interleaved(steps, point, seconds=0.2, blocks=BLOCKS):
     """Median seconds per draw of each step, timed in alternating blocks; racing stats.
 
     Each step's block lasts about ``seconds`` (its length in draws is set from
@@ -107,13 +123,18 @@ def interleaved(steps, point, seconds=0.2, blocks=5):
 
 
 def unit_costs(step, point, n_cat):
-    """Fused per-term cost and the compiled-call floor of a one-observation window."""
+    """The limit's units, to time beside the steps: a fused pass, a one-observation look.
+
+    Returns ``Timed`` functions: one fused pass over all N observations and D
+    values (its time over N·D is the fused per-term cost), and a look at one
+    observation (the compiled-call floor).
+    """
     cands = [np.arange(n_cat)]
-    n_obs = step.terms.n_obs
-    fused = median_seconds(lambda: step.terms.loglik_sum(cands, point)) / (n_obs * n_cat)
-    one = np.zeros(1, dtype=np.int64)  # a look at one observation: the compiled-call floor
-    floor = median_seconds(lambda: step.terms.loglik_batch(cands, one, point), 50)
-    return fused, floor
+    one = np.zeros(1, dtype=np.int64)
+    return {
+        "fused": Timed(lambda: step.terms.loglik_sum(cands, point)),
+        "floor": Timed(lambda: step.terms.loglik_batch(cands, one, point)),
+    }
 
 
 def shuffle_seconds_per_draw(step):
@@ -125,14 +146,20 @@ def shuffle_seconds_per_draw(step):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N <= 1e5 only")
+    parser.add_argument(
+        "--only", default="", help='rows whose "likelihood N D posterior" contains this (e.g. '
+        '"studentt 1e+04"); written to categorical_gibbs_only.md'
+    )  # fmt: skip
     args = parser.parse_args()
     out = OUT.with_name("categorical_gibbs_quick.md") if args.quick else OUT
+    out = out.with_name("categorical_gibbs_only.md") if args.only else out
     sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
     grid = list(
         itertools.product(("normal", "studentt"), sizes, (2, 10, 100), ("concentrated", "diffuse"))
     )
     if not args.quick:
         grid += [("normal", 10_000_000, d, k) for d in (2, 10) for k in ("concentrated", "diffuse")]
+    grid = [row for row in grid if args.only in f"{row[0]} {row[1]:.0e} {row[2]} {row[3]}"]
     rows = []
     for likelihood, n_obs, n_cat, kind in grid:
         model, q = make_model(n_obs, n_cat, kind, likelihood)
@@ -150,11 +177,12 @@ def main():
         except ValueError:  # PyMC's proportional proposal fails on point-mass conditionals
             del steps["pymc"]
             baseline = "bound='exact'"
+        steps.update(unit_costs(steps["racing"], point, n_cat))  # timed under the same load
         times, evals, looks = interleaved(steps, point)
         times["racing"] += shuffle_seconds_per_draw(steps["racing"])  # rare, so add it here
         if "pymc" not in times:
             baseline = "bound='exact'"
-        fused, floor = unit_costs(steps["racing"], point, n_cat)
+        fused, floor = times["fused"] / (n_obs * n_cat), times["floor"]
         limit = evals * fused + looks * floor
         t_base = times.get("pymc", times["exact"])
         racing = steps["racing"]
@@ -172,8 +200,8 @@ def main():
         "# SubsampledCategoricalGibbs vs CategoricalGibbsMetropolis",
         "",
         "Regenerate with `python benchmarks/categorical_gibbs.py`. Milliseconds per draw of "
-        "`step.step(point)`, median of 5 interleaved blocks of about 0.2 s (at least 5 draws) "
-        "per step, after a warm-up of up to 40 draws or 2 s (compilation; the back-off "
+        f"`step.step(point)`, median of {BLOCKS} interleaved blocks of about 0.2 s (at least 5 "
+        "draws) per step, after a warm-up of up to 40 draws or 2 s (compilation; the back-off "
         "settles): "
         '`pm.CategoricalGibbsMetropolis(proposal="proportional")` '
         '(the baseline; where it fails on a point-mass conditional, "Probabilities do not sum '
@@ -183,7 +211,9 @@ def main():
         "whole random blocks of a row-permuted copy, and the redraw of that permutation every "
         "N/10 draws is added, amortized). "
         '"limit" is terms evaluated x fused per-term cost + looks x compiled-call floor, '
-        "the cost of the same decisions with free bookkeeping.",
+        "the cost of the same decisions with free bookkeeping; its two units (a fused pass "
+        "over all N·D terms, a look at one observation) are timed in the same interleaved "
+        "blocks as the steps.",
         "",
         "| likelihood | N | D | posterior | baseline | baseline ms | our exact ms | racing ms | "
         "speed-up vs baseline | vs our exact | terms (fraction of N·D) | looks | limit ms | "

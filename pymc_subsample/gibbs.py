@@ -24,7 +24,7 @@ __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 #: Populations from this size on race in one compiled call per draw where they can
 #: (:func:`~pymc_subsample.racing.compiled.CompiledRace`); smaller ones race in Python and
 #: do not pay the driver's compilation.
-COMPILED_MIN_OBS = 100_000
+COMPILED_MIN_OBS = 10_000
 #: Draws of Gumbel noise and race seeds the lean path of a lone scalar takes from ``rng``
 #: at a time (one call instead of two per draw).
 LEAN_BUFFER = 64
