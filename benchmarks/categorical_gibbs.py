@@ -57,6 +57,7 @@ class Timed:
         self.fn = fn
 
     def step(self, point):
+        """Call the function once; return the point unchanged and empty stats."""
         self.fn()
         return point, [{}]
 
@@ -123,7 +124,7 @@ def interleaved(steps, point, seconds=0.2, blocks=BLOCKS):
 
 
 def unit_costs(step, point, n_cat):
-    """The limit's units, to time beside the steps: a fused pass, a one-observation look.
+    """Return the limit's units, to time beside the steps: a fused pass, a one-row look.
 
     Returns ``Timed`` functions: one fused pass over all N observations and D
     values (its time over N·D is the fused per-term cost), and a look at one
