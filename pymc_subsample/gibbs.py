@@ -22,8 +22,9 @@ from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
 #: Populations from this size on race in one compiled call per draw where they can
-#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`); smaller ones race in Python and
-#: do not pay the driver's compilation.
+#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built in about 2 s with the
+#: step); smaller ones race in Python (at N = 10^4 a Python look's bookkeeping, some
+#: 70 µs, cost more than its terms; below it the defaults mostly decide exactly).
 COMPILED_MIN_OBS = 10_000
 #: Draws of Gumbel noise and race seeds the lean path of a lone scalar takes from ``rng``
 #: at a time (one call instead of two per draw).
