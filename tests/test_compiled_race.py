@@ -251,8 +251,11 @@ def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_sel
     assert_matches(draws, probs, 5)
     assert hasattr(step, "_lean_noise")  # the lean path drew them
     assert all(s["n_raced"] == 1 for s in st)
+    # draws that cost less than half an exact draw: races decided on a subsample, or given
+    # up with two values left (tied: 451 of 1,500 with GIVE_UP_MARGIN = 1.5, 873 with 1.0,
+    # whose earlier give-ups read 5% fewer terms here and 3.7x more on a point mass)
     early = sum(s["n_evals"] < 0.5 * 5 * step.terms.n_obs for s in st)
-    assert early > (500 if case == "tied" else 0), early  # races decided on a subsample
+    assert early > (300 if case == "tied" else 0), early
 
 
 @njit

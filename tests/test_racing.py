@@ -508,8 +508,10 @@ def test_exact_switch_truncates_and_decides_exactly():
         assert x == int(np.argmax(log_p + noise))
         assert res.exhausted
         rounds.append(res.n_rounds)
-    # most give up before the switch (a race that does not: 7 looks, then the pass)
-    assert sum(r < 8 for r in rounds) >= 5, rounds
+    # some give up before the switch (a race that does not: 7 looks, then the pass); with
+    # GIVE_UP_MARGIN = 1.5 standard errors 3 of these 10 do (5 or more with one), and a
+    # race that could not give up would have 8 rounds every time
+    assert sum(r < 8 for r in rounds) >= 2, rounds
 
 
 def test_mh_test_agrees_with_exact_mh_and_rejects_impossible_proposals():

@@ -87,7 +87,7 @@ def _layout(ints, d):  # pragma: no cover - compiled
     row ``k`` of the state (mean, mean difference, sum of squares of the
     alive arms; the dropped arms' means). Helpers index the buffers at these
     offsets rather than return views of them: views returned by a helper
-    lose the caller's later writes once compiled (seen with Numba 0.6x).
+    were seen to lose their last writes once compiled (Numba 0.68).
     """
     out = _N_SETTINGS + ints[_N_SETTINGS - 1]
     return out, out + _N_OUT_INTS, 5

@@ -407,10 +407,11 @@ class SharedRace:
     def hopeless(self, state: RaceState) -> bool:
         r"""Predict that the race will not decide before its exact pass.
 
-        An arm is stuck when its gap to the leader plus one of today's
-        standard errors is below the half-width the bound will still have at
-        the last subsampled look,
-        :math:`\hat\mu_{\hat x} - \hat\mu_i + \widehat{\mathrm{se}}(T)
+        An arm is stuck when its gap to the leader plus 1.5 of today's
+        standard errors (:data:`~pymc_subsample.racing.kernels.GIVE_UP_MARGIN`)
+        is below the half-width the bound will still have at the last
+        subsampled look,
+        :math:`\hat\mu_{\hat x} - \hat\mu_i + 1.5\,\widehat{\mathrm{se}}(T)
         < G(T_\text{last})`, with today's standard deviations: the race is
         unlikely to drop it in time. (Without the standard errors, a gap
         that is only small by chance at a small :math:`T` would send a race
