@@ -271,7 +271,10 @@ def _look_c(batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d):  # pra
 
     A driver that called :func:`_look` directly would compile its code anew
     (about 4 s of LLVM per driver); through this pointer, it is compiled
-    once and cached on disk.
+    once and cached on disk. Numba keys that cache on this file alone: after
+    editing the kernels it calls (``kernels.py``), delete
+    ``racing/__pycache__/*.nbi`` and ``*.nbc``, or the cached look keeps the
+    old kernels (a fresh install or clone has no cache).
     """
     return _look(
         carray(batch, (n_alive, m)), carray(ints, (n_ints,)), carray(reals, (n_reals,)),
