@@ -166,23 +166,11 @@ def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
         p0 = 1.0 / (size + 1.0)
         floor = floor_range * np.sqrt(p0 * (1.0 - p0))
     status = -1
-    look = look_normal(
-        batch,
-        n_drawn,
-        mean,
-        ref,
-        n_ref,
-        dmean,
-        m2,
-        offsets[alive],
-        factor,
-        floor,
-        pairwise,
-        guard,
-        n_obs,
-        cantelli,
-    )
-    while look[1] < 0:  # some reward is not finite
+    while True:
+        look = look_normal(batch, n_drawn, mean, ref, n_ref, dmean, m2, offsets[alive],
+                           factor, floor, pairwise, guard, n_obs, cantelli)  # fmt: skip
+        if look[1] >= 0:  # every reward finite
+            break
         if np.isnan(batch).any():
             status = NAN_REWARD
             break
@@ -207,22 +195,6 @@ def _look(batch, ints, reals, offsets):  # pragma: no cover - compiled
         if len(alive) == 0:
             status = ALL_MINUS_INF
             break
-        look = look_normal(
-            batch,
-            n_drawn,
-            mean,
-            ref,
-            n_ref,
-            dmean,
-            m2,
-            offsets[alive],
-            factor,
-            floor,
-            pairwise,
-            guard,
-            n_obs,
-            cantelli,
-        )
     if status < 0:
         stats, lead, n_ref, n_keep, keep = look
         mean = stats[0]
