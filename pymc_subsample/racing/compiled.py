@@ -37,8 +37,7 @@ from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
 from .schedule import (
     BLOCK_ROWS,
     REJECTION_SHARE,
-    _bucket_sorted,
-    _draw_fresh,
+    _draw_sorted,
     _gather_blocks,
     _unmark,
     claim_bitmap,
@@ -116,14 +115,12 @@ def _begin(ints, reals, d):  # pragma: no cover - compiled
 def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compiled
     """Draw the blocks of look ``li`` (none when it adds no rows); log them in ``drawn``."""
     n_blocks, block = ints[0], ints[1]
-    n_drawn = ints[_N_SETTINGS + ints[_N_SETTINGS - 1] + 1]
+    n_drawn = ints[_layout(ints, 0)[0] + 1]
     k = ints[_N_SETTINGS + li] - n_drawn
     if k <= 0:
         return np.empty(0, dtype=np.int64)
     want = (k + block - 1) // block
-    ids = _draw_fresh(bits, n_blocks, want, seed)
-    if want > 512:
-        ids = _bucket_sorted(ids, n_blocks)
+    ids = _draw_sorted(bits, n_blocks, want, seed)
     drawn[nd : nd + want] = ids
     return ids
 

@@ -185,6 +185,15 @@ def _bucket_sorted(idx, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _draw_sorted(bits, n, k, state):  # pragma: no cover - compiled
+    """:func:`_draw_fresh`, then bucket-sorted (:func:`_bucket_sorted`) above 512 values."""
+    ids = _draw_fresh(bits, n, k, state)
+    if k > 512:
+        ids = _bucket_sorted(ids, n)
+    return ids
+
+
+@njit(cache=True)
 def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
     """Positions of blocks ``ids``, block after block, the last block cut at ``n``."""
     out = np.empty(len(ids) * block, dtype=np.int64)
@@ -232,9 +241,7 @@ def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - com
     do in three; returns one array, the positions and then the ``k`` block
     ids (one array boxed for Python instead of two).
     """
-    ids = _draw_fresh(bits, n_blocks, k, state)
-    if k > 512:
-        ids = _bucket_sorted(ids, n_blocks)
+    ids = _draw_sorted(bits, n_blocks, k, state)
     out = np.empty(k * block + k, dtype=np.int64)
     j = _write_blocks(ids, block, n, out)
     out[j : j + k] = ids
@@ -346,10 +353,7 @@ class IndexStream:
         """
         if self._seed is None:  # one seed per stream; later draws continue its sequence
             self._seed = self.new_seed()
-        new = _draw_fresh(self._entry[0], self.n, k, self._seed)
-        if k > 512:
-            new = _bucket_sorted(new, self.n)
-        return new
+        return _draw_sorted(self._entry[0], self.n, k, self._seed)
 
     def take(self, k: int) -> np.ndarray:
         """Draw ``k`` new indices, distinct from all earlier ones.
