@@ -171,6 +171,17 @@ def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
     assert st[0]["n_evals"] >= 1
 
 
+def test_exact_switch_needs_two_looks_within_budget():
+    from pymc_subsample.cost import choose_exact_after
+
+    # looks at 100, 200, 400, ...: each costs 1 + 0.01 m, exact costs 100 (budget 20)
+    assert choose_exact_after(10_000, 100, (1.0, 0.01), 100.0) == 800  # 2 + 2 + 3 + 5 <= 20
+    # only the first look fits (11 <= 20 < 11 + 11): decide at once, not look-then-pass
+    assert choose_exact_after(10_000, 100, (1.0, 0.1), 100.0) == 0
+    assert choose_exact_after(10_000, 100, (30.0, 0.0), 100.0) == 0  # none fits
+    assert choose_exact_after(10_000, 100, (0.0, 0.0), 100.0) == 10_000  # all fit: never
+
+
 def family_selector():
     """Normal vs Student-t vs Laplace likelihood for Student-t data (heavy-tailed differences)."""
     rng = np.random.default_rng(2)
