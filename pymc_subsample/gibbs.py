@@ -132,12 +132,13 @@ class SubsampledCategoricalGibbs(RacingStep):
         :attr:`exact_switch`.
     batches : {"blocks", "random", "windows"}
         How races read the data. ``"blocks"`` (default): each race draws
-        whole blocks of :data:`~pymc_subsample.racing.schedule.BLOCK_ROWS`
-        consecutive rows of a row-permuted copy of the per-observation data
-        (one more copy in memory), uniformly at random without replacement
+        whole blocks of :math:`b` consecutive rows (16 to 128, growing with
+        :math:`N`: :func:`~pymc_subsample.racing.schedule.block_rows`) of a
+        row-permuted copy of the per-observation data (one more copy in
+        memory), uniformly at random without replacement
         (:class:`~pymc_subsample.racing.schedule.RandomBlocks`): a gather
         in runs, much cheaper than scattered rows, and a fresh sample among
-        :math:`N/16` blocks for every race. ``"random"``: every race gathers
+        :math:`N/b` blocks for every race. ``"random"``: every race gathers
         its own scattered random rows, no copy (for data that do not fit
         twice in memory; dearer per term). ``"windows"``: contiguous windows
         of the permuted copy from a random start, no gather, but races that

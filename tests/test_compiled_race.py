@@ -34,10 +34,15 @@ def python_race(data, cand, scale, config, n_obs, rng, offsets):
 
 
 @pytest.mark.parametrize(
-    ("spread", "variance"), [(0.05, "pairwise"), (0.002, "pairwise"), (0.05, "marginal")]
+    ("spread", "variance", "n_obs"),
+    [
+        (0.05, "pairwise", 200_000),
+        (0.002, "pairwise", 200_000),
+        (0.05, "marginal", 200_000),
+        (0.05, "pairwise", 600_000),  # blocks of 64 rows (block_rows)
+    ],
 )
-def test_compiled_race_makes_the_python_race_decisions(spread, variance):
-    n_obs = 200_000
+def test_compiled_race_makes_the_python_race_decisions(spread, variance, n_obs):
     data = np.random.default_rng(0).normal(size=n_obs)
     cand = np.arange(10) * spread - 4 * spread
     cand[9] = 9.0  # -inf terms on some rows: dropped at the look that meets one
@@ -61,6 +66,14 @@ def test_compiled_race_makes_the_python_race_decisions(spread, variance):
         assert got.n_evaluations == expected.n_evaluations
         assert got.n_rounds == expected.n_rounds
         np.testing.assert_array_equal(got.means, expected.means)
+
+
+def test_block_rows_grow_with_n_keeping_many_blocks():
+    from pymc_subsample.racing.schedule import MIN_BLOCKS, block_rows
+
+    sizes = [10**4, 262_143, 262_144, 524_288, 10**6, 1_048_576, 10**7, 10**9]
+    assert [block_rows(n) for n in sizes] == [16, 16, 32, 64, 64, 128, 128, 128]
+    assert all(n // block_rows(n) >= MIN_BLOCKS for n in sizes if block_rows(n) > 16)
 
 
 def test_compiled_race_rejects_nan_rewards():

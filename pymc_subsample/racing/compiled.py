@@ -35,11 +35,11 @@ from .common import RaceResult, TotalsFn, check_reward_values
 from .kernels import look_normal, stuck_arms
 from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
 from .schedule import (
-    BLOCK_ROWS,
     REJECTION_SHARE,
     _draw_sorted,
     _gather_blocks,
     _unmark,
+    block_rows,
     claim_bitmap,
     new_seed,
 )
@@ -327,9 +327,10 @@ def supports(config: RaceConfig, n_arms: int, n_obs: int, totals) -> bool:
     looks = config.looks(n_obs)
     if len(looks) < 2:
         return False
-    last = int(looks[-2]) + BLOCK_ROWS
-    n_blocks = -(-n_obs // BLOCK_ROWS)
-    return 2 * last < n_obs and last <= REJECTION_SHARE * n_blocks * BLOCK_ROWS - BLOCK_ROWS
+    block = block_rows(n_obs)
+    last = int(looks[-2]) + block
+    n_blocks = -(-n_obs // block)
+    return 2 * last < n_obs and last <= REJECTION_SHARE * n_blocks * block - block
 
 
 class CompiledRace:
@@ -359,7 +360,8 @@ class CompiledRace:
     ):
         self.kernel = kernel = SharedRace(config, n_arms, n_obs)
         self.n_obs = int(n_obs)
-        self.n_blocks = -(-self.n_obs // BLOCK_ROWS)
+        self.block = block_rows(self.n_obs)
+        self.n_blocks = -(-self.n_obs // self.block)
         self._driver = _driver(rewards.fn, len(rewards.data), int(n_others))
         bound = kernel.bound
         t_last = kernel._t_last
@@ -368,7 +370,7 @@ class CompiledRace:
         # unboxes each argument at each call (about 0.1 µs), and returned arrays are boxed
         looks = np.asarray(kernel.look_sizes[:-1], dtype=np.int64)
         d, n_looks = int(n_arms), len(looks)
-        settings = [self.n_blocks, BLOCK_ROWS, self.n_obs, t_last,
+        settings = [self.n_blocks, self.block, self.n_obs, t_last,
                     kernel.pairwise, kernel._guard, kernel.can_give_up, n_looks]  # fmt: skip
         assert len(settings) == _N_SETTINGS  # the layout the driver reads (_N_SETTINGS)
         out = _N_SETTINGS + n_looks

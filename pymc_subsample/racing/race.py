@@ -111,7 +111,7 @@ class RaceConfig:
         them to ``rewards`` as an int64 array. ``"blocks"``: as for
         ``"windows"``, the population is stored in a uniformly random order,
         and each look draws whole blocks of
-        :data:`~pymc_subsample.racing.schedule.BLOCK_ROWS` consecutive
+        :func:`~pymc_subsample.racing.schedule.block_rows` consecutive
         positions, uniformly at random among those not drawn
         (:class:`~pymc_subsample.racing.schedule.RandomBlocks`), passing the
         positions as an int64 array (a look may read up to a block more than
