@@ -22,7 +22,9 @@ Writes ``docs/results/tables/permutation_reuse.md``. Run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pymc as pm
@@ -44,18 +46,41 @@ def interval(k, n):
     return lo, hi
 
 
+#: A stress setting: blocks this long at N = 1e4 leave 78 blocks, a hundred times fewer than
+#: the steps ever use (block_rows keeps at least MIN_BLOCKS = 8192 when blocks exceed 16 rows).
+LONG_BLOCK = 128
+
+
+@contextlib.contextmanager
+def forced_block_rows(rows):
+    """Make every race read blocks of ``rows`` rows (Python and compiled drivers)."""
+    if rows is None:
+        yield
+        return
+    with (
+        mock.patch("pymc_subsample.racing.schedule.block_rows", lambda n: rows),
+        mock.patch("pymc_subsample.racing.compiled.block_rows", lambda n: rows),
+    ):
+        yield
+
+
 def bandit_rows(reps, delta=0.05):
     rows = []
     for dist in ("normal", "lognormal"):
         table, log_p = bandit_population(dist, 10, 10_000, 2e-3, rng=3)
-        settings = [(None, "random")] + [(k, lay) for lay in ("blocks", "windows") for k in KS]
-        for k, layout in settings:
-            errors, evals = gumbel_race_errors(
-                table, log_p, reps, np.random.default_rng(11), shuffle_every=k, delta=delta,
-                layout=layout,
-            )  # fmt: skip
+        settings = [(None, "random", None)]
+        settings += [(k, lay, None) for lay in ("blocks", "windows") for k in KS]
+        settings += [(k, "blocks", LONG_BLOCK) for k in (1, 1000)]
+        for k, layout, block in settings:
+            with forced_block_rows(block):
+                errors, evals = gumbel_race_errors(
+                    table, log_p, reps, np.random.default_rng(11), shuffle_every=k, delta=delta,
+                    layout=layout,
+                )  # fmt: skip
             lo, hi = interval(errors, reps)
             label = "fresh index draws" if k is None else f"{layout}, K = {k}"
+            if block is not None:
+                label = f"blocks of {block} rows ({-(-table.shape[1] // block)} blocks), K = {k}"
             frac = evals.mean() / table.size
             rows.append(
                 f"| {dist} | {label} | {reps} | {errors / reps:.4f} [{lo:.4f}, {hi:.4f}] "
@@ -68,7 +93,9 @@ def bandit_rows(reps, delta=0.05):
 def audited_rate(model, var, draws, **settings):
     """Audited disagreement count and number of audits of one chain of the Gibbs step."""
     with model:
-        step = SubsampledCategoricalGibbs([var], audit_every=1, exact_fraction=1.0, **settings)
+        step = SubsampledCategoricalGibbs(
+            [var], audit_every=1, exact_fraction=1.0, backoff=False, **settings
+        )  # every draw races (no back-off to exact draws) and is audited
     point = model.initial_point()
     for _ in range(draws):
         point, _ = step.step(point)
@@ -84,12 +111,15 @@ def model_rows(draws):
         q = pm.Categorical("q", p=np.full(6, 1 / 6))
         pm.Normal("y", pt.as_tensor(mus)[q], 1.0, observed=y)
     rows = []
-    for layout in ("blocks", "windows"):
-        for k in KS:
+    settings = [(layout, k, None) for layout in ("blocks", "windows") for k in KS]
+    settings += [("blocks", k, LONG_BLOCK) for k in (1, 1000)]
+    for layout, k, block in settings:
+        with forced_block_rows(block):
             wrong, n = audited_rate(model, q, draws, rng=1, shuffle_every=k, batches=layout)
-            lo, hi = interval(wrong, n)
-            rows.append(f"| {layout} | K = {k} | {n} | {wrong / n:.4f} [{lo:.4f}, {hi:.4f}] |")
-            print(rows[-1], flush=True)
+        lo, hi = interval(wrong, n)
+        label = layout if block is None else f"blocks of {block} rows ({-(-n_obs // block)})"
+        rows.append(f"| {label} | K = {k} | {n} | {wrong / n:.4f} [{lo:.4f}, {hi:.4f}] |")
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -134,6 +164,10 @@ def main():
         "",
         "Regenerate with `python benchmarks/permutation_reuse.py`. Error rate with a 95% "
         "Clopper–Pearson interval; delta = 0.05 throughout.",
+        "",
+        "Blocks are 16 rows at these N (`block_rows`); the rows with blocks of 128 are a "
+        "stress setting, far fewer blocks than the steps use (they keep at least 8,192 blocks "
+        "when blocks exceed 16 rows, as from N = 2^18).",
         "",
         "Synthetic populations (Racing-Normal, pairwise, D = 10, N = 1e4, sigma = 2e-3):",
         "",
