@@ -230,8 +230,11 @@ def tied_selector():
     return model, q
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 @pytest.mark.parametrize("case", ["diffuse", "tied"])
-def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_selector, case):
+def test_lean_compiled_step_draws_the_exact_conditional(
+    large_selector, tied_selector, case, chunked, monkeypatch
+):
     """The lean path's draws (no audits, no back-off) follow the conditional by enumeration.
 
     "diffuse": three values share the mass with log-likelihoods about a nat
@@ -239,10 +242,15 @@ def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_sel
     same terms (zero variance of their differences) and only the Gumbel noise
     and the prior separate them, so races decide after a look or two. delta =
     0.01, so that a chi-square on 1,500 draws would see an error of the default
-    0.05 in total variation.
+    0.05 in total variation. "chunked": every look after the first is
+    evaluated and merged in chunks of 2,000 rewards (``CHUNK_REWARDS``).
     """
     from test_gibbs import assert_matches, draw_many, exact_conditional
 
+    from pymc_subsample.racing import compiled
+
+    if chunked:
+        monkeypatch.setattr(compiled, "CHUNK_REWARDS", 2000)
     model, q = large_selector if case == "diffuse" else tied_selector
     point = model.initial_point()
     if case == "diffuse":
@@ -260,6 +268,7 @@ def test_lean_compiled_step_draws_the_exact_conditional(large_selector, tied_sel
             exact_fraction=0.4,
         )
     assert step._compiled
+    assert step._compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
     draws, st = draw_many(step, point, 1500, "q")
     assert_matches(draws, probs, 5)
     assert hasattr(step, "_lean_noise")  # the lean path drew them
