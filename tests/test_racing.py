@@ -223,6 +223,40 @@ def test_constant_differences_decided_at_first_look_pairwise():
     assert res.winner == 1 and res.n_rounds > 1  # marginal cannot see the constant gap early
 
 
+@pytest.mark.parametrize("leader_holds", [True, False])
+def test_pairwise_look_merges_to_the_statistics_of_all_rewards(leader_holds):
+    """Two looks merged (one pass when the leader holds, two when it changes) vs NumPy.
+
+    Arm means 10^3 apart with spreads of 10^-3, so that sums of squares taken
+    around zero rather than the running mean would cancel to nothing.
+    """
+    from pymc_subsample.racing.kernels import look_pairwise
+
+    rng = np.random.default_rng(12)
+    n, m, s = 300, 200, 5
+    table = rng.normal(size=(s, n + m)) * 1e-3 - 1e3 * np.arange(s)[:, None]
+    if not leader_holds:  # arm 1 overtakes arm 0 in the second batch
+        table[1, n:] += 4e3
+    offsets = np.zeros(s)
+    zeros = np.zeros(s)
+    mean, lead, n_ref, dmean, dm2, *_ = look_pairwise(
+        table[:, :n], 0, zeros, -1, 0, zeros, zeros, offsets, 0.0, 0.0
+    )
+    assert lead == 0 and n_ref == n
+    mean, lead, n_ref, dmean, dm2, keep, _ = look_pairwise(
+        table[:, n:], n, mean, lead, n_ref, dmean, dm2, offsets, 0.0, 0.0
+    )
+    np.testing.assert_allclose(mean, table.mean(axis=1), rtol=1e-12)
+    # the differences with the leader over the observations since it leads
+    since = 0 if leader_holds else n
+    diffs = table[lead, since:] - table[:, since:]
+    assert lead == (0 if leader_holds else 1) and n_ref == n + m - since and keep.all()
+    np.testing.assert_allclose(dmean, diffs.mean(axis=1), rtol=1e-12)
+    expected = ((diffs - diffs.mean(axis=1, keepdims=True)) ** 2).sum(axis=1)
+    np.testing.assert_allclose(dm2, expected, rtol=1e-6, atol=1e-12)
+    assert np.all(expected[np.arange(s) != lead] > 1e-4)  # the spreads, not rounding noise
+
+
 def test_rare_event_rewards_need_the_range():
     trials, delta = 200, 0.01
     wrong_default = wrong_floored = 0
