@@ -70,48 +70,6 @@ def _merge_means(batch, n, mean, offsets):  # pragma: no cover - compiled
 
 
 @njit(cache=True, fastmath=_FAST)
-def _merge_means_ref(batch, n, mean, offsets, ref, shift):  # pragma: no cover - compiled
-    r""":func:`_merge_means`, and in the same pass the sums of :math:`y` and :math:`y^2`.
-
-    :math:`y_{ik} = l_{\mathrm{ref},k} - l_{i,k} - \texttt{shift}_i`, the
-    differences with the previous leader, shifted by their running mean so
-    that the centred sum of squares computed from these sums does not cancel.
-    Returns ``(bmean, new_mean, lead, best, ysum, ysq)``.
-    """
-    s, m = batch.shape
-    bmean = np.empty(s)
-    ysum = np.empty(s)
-    ysq = np.empty(s)
-    finite = True
-    for i in range(s):
-        acc = 0.0
-        a1 = 0.0
-        a2 = 0.0
-        sh = shift[i]
-        for k in range(m):
-            x = batch[i, k]
-            acc += x
-            y = batch[ref, k] - x - sh
-            a1 += y
-            a2 += y * y
-        bmean[i] = acc / m
-        ysum[i] = a1
-        ysq[i] = a2
-        finite &= np.isfinite(bmean[i])
-    if not finite:
-        return bmean, mean, -1, 0.0, ysum, ysq
-    new_mean = mean + (bmean - mean) * (m / (n + m))
-    lead = 0
-    best = new_mean[0] + offsets[0]
-    for i in range(1, s):
-        v = new_mean[i] + offsets[i]
-        if v > best:
-            best = v
-            lead = i
-    return bmean, new_mean, lead, best, ysum, ysq
-
-
-@njit(cache=True, fastmath=_FAST)
 def _g1sq(m2, m3, m, mu):  # pragma: no cover - compiled
     """Squared sample skewness from centred sums of squares and cubes of ``m`` values."""
     if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
@@ -159,37 +117,23 @@ def look_pairwise(
         - o_i \le \texttt{factor}\,\max(\hat\sigma_{\hat x,i}, \texttt{floor})`.
     """
     s, m = batch.shape
-    # with a leader already tracked, one pass also sums the differences with it: when it
-    # stays the leader (the usual case) no second pass is needed
-    one_pass = 0 <= ref < s and n_ref > 0
-    if one_pass:
-        bmean, new_mean, lead, best, ysum, ysq = _merge_means_ref(
-            batch, n, mean, offsets, ref, dmean
-        )
-    else:
-        bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
-        ysum = ysq = bmean
+    bmean, new_mean, lead, best = _merge_means(batch, n, mean, offsets)
     if lead < 0:
         return mean, lead, n_ref, dmean, dm2, np.ones(s, dtype=np.bool_), bmean
     if lead != ref:
         n_ref = 0
         dmean = np.zeros(s)
         dm2 = np.zeros(s)
-        one_pass = False
     new_dmean = np.empty(s)
     new_dm2 = np.empty(s)
     tot = n_ref + m
     corr = n_ref * m / tot
     for i in range(s):
         bd = bmean[lead] - bmean[i]
-        if one_pass:  # sum of (y - c)^2, y = l_ref - l_i - dmean_i, c = bd - dmean_i
-            c = bd - dmean[i]
-            acc = max(ysq[i] - 2.0 * c * ysum[i] + m * c * c, 0.0)
-        else:
-            acc = 0.0
-            for k in range(m):
-                c = batch[lead, k] - batch[i, k] - bd
-                acc += c * c
+        acc = 0.0
+        for k in range(m):
+            c = batch[lead, k] - batch[i, k] - bd
+            acc += c * c
         delta = bd - dmean[i]
         new_dmean[i] = dmean[i] + delta * (m / tot)
         new_dm2[i] = dm2[i] + acc + delta * delta * corr
