@@ -24,6 +24,8 @@ test) is :func:`_look`, compiled once per machine and cached on disk, which
 the driver calls through a C function pointer (:func:`_look_c`): called
 directly, its code would be compiled into every driver again (about 4 s of
 LLVM, 19 s in all with the NumPy code it used). A driver builds in about 2 s.
+A look of more than :data:`CHUNK_REWARDS` rewards is evaluated in chunks of
+whole blocks, merged as they come, with the bound at the look's last chunk.
 """
 
 from __future__ import annotations
