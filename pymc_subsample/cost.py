@@ -205,8 +205,7 @@ def choose_exact_after(
         chosen = int(size)
     else:
         return int(n_obs)
-    # a single look before the exact pass rarely decides and adds its cost to the pass
-    return chosen if len(looks) and chosen > looks[0] else 0
+    return chosen if chosen > looks[0] else 0  # one look only: decide at once
 
 
 def choose_first_batch(n_obs: int, round_cost: tuple[float, float], minimum: int = 50) -> int:

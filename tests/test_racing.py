@@ -225,7 +225,7 @@ def test_constant_differences_decided_at_first_look_pairwise():
 
 @pytest.mark.parametrize("leader_holds", [True, False])
 def test_pairwise_look_merges_to_the_statistics_of_all_rewards(leader_holds):
-    """Two looks merged (one pass when the leader holds, two when it changes) vs NumPy.
+    """Two looks merged by ``look_pairwise`` (the leader holds, or changes) vs NumPy.
 
     Arm means 10^3 apart with spreads of 10^-3, so that sums of squares taken
     around zero rather than the running mean would cancel to nothing.

@@ -187,7 +187,8 @@ def _look(batch, ints, reals, offsets, merge_only=False):  # pragma: no cover - 
     means = rows + 3 * d  # where the dropped arms' means go
     size = n_drawn + batch.shape[1]
     ints[out + 4] += batch.size
-    ints[out + 5] += 0 if merge_only else 1
+    if not merge_only:
+        ints[out + 5] += 1
     factor = 0.0 if merge_only else threshold * np.sqrt((n_obs - size) / (n_obs - 1.0) / size)
     floor = 0.0
     if floor_range >= 0.0:

@@ -461,7 +461,7 @@ def block_rows(n: int) -> int:
     128 from :math:`2^{20} \approx 1.05 \cdot 10^6`. A block of fresh rows
     costs a cache and a TLB miss wherever it lies in a large array, so
     longer runs make a gather cheaper per row (6,400 rows out of
-    :math:`10^6`, cold: about 50-90 µs in blocks of 16, 20-30 µs in blocks
+    :math:`10^6`, cold: about 50-90 µs in blocks of 16, 20-37 µs in blocks
     of 64-128), while a race still draws among thousands of blocks: the
     dependence between races that share a permutation grows as the blocks
     get fewer, and the permutation-reuse study measures it down to 78.
