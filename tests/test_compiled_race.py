@@ -76,6 +76,16 @@ def test_block_rows_grow_with_n_keeping_many_blocks():
     assert all(n // block_rows(n) >= MIN_BLOCKS for n in sizes if block_rows(n) > 16)
 
 
+@pytest.mark.parametrize("chunk", [0, -5, 2.5])
+def test_compiled_race_rejects_a_bad_chunk_size(chunk):
+    from pymc_subsample.racing.compiled import CompiledRace
+
+    config = RaceConfig(batch_size=400, exact=ExactSwitch.after_size(12_800), batches="blocks")
+    rewards = CompiledRewards(gaussian_terms, [np.zeros(200_000)])
+    with pytest.raises(ValueError, match="chunk_rewards must be a positive integer"):
+        CompiledRace(rewards, config, 3, 200_000, 1, chunk_rewards=chunk)
+
+
 def test_compiled_race_rejects_nan_rewards():
     @njit
     def nan_terms(cand, rows):

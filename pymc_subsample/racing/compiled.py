@@ -402,6 +402,13 @@ class CompiledRace:
         n_others: int,
         chunk_rewards: int | None = None,
     ):
+        if chunk_rewards is not None and not (
+            isinstance(chunk_rewards, int | np.integer) and chunk_rewards >= 1
+        ):
+            raise ValueError(
+                f"chunk_rewards must be a positive integer (rewards per reward call), got "
+                f"{chunk_rewards!r}; leave it None for CHUNK_REWARDS = {CHUNK_REWARDS}"
+            )
         self.kernel = kernel = SharedRace(config, n_arms, n_obs)
         self.n_obs = int(n_obs)
         self.block = block_rows(self.n_obs)
