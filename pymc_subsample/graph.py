@@ -22,7 +22,8 @@ candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
   races read by default) or a contiguous window (a slice, no gather);
 * :meth:`~ObservationTerms.loglik_full`: all :math:`N` observations, ``(K, N)``;
 * :meth:`~ObservationTerms.loglik_sum`: :math:`\sum_n \log f_n(\theta_k)`,
-  shape ``(K,)``, summed inside the compiled graph (one fused pass);
+  shape ``(K,)``, summed inside the compiled graph (one fused pass, in chunks of
+  rows that stay in cache: :class:`~pymc_subsample.chunked_sum.ChunkedSum`);
 * :meth:`~ObservationTerms.log_f0`: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
 
 All of them take the other value variables from a point dictionary.
@@ -40,6 +41,7 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace, vectorize_graph
 from pytensor.graph.traversal import ancestors, graph_inputs
 
+from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
 
 __all__ = [
@@ -267,7 +269,6 @@ class ObservationTerms:
         self._loglik = loglik
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
         self._perm = np.arange(self.n_obs)
-        self._whole = (np.asarray(0, dtype=np.int64), np.asarray(self.n_obs, dtype=np.int64))
         self._permuted = []
         if batches in ("blocks", "windows"):
             self._permuted = [
@@ -301,9 +302,6 @@ class ObservationTerms:
             for v in self.vars
         ]
         batch = dict(zip(self.vars, self._cands, strict=True))
-        # with a permuted copy the fused sum reads it too (the same sum): a race that ends in
-        # an exact pass then touches one copy of the data, not two
-        total = window.sum(axis=-1) if self._permuted else loglik.sum()
         # a race's gathered rows enter as inputs: numpy gathers them, and the compiled
         # function only evaluates
         self._row_inputs = [
@@ -311,7 +309,10 @@ class ObservationTerms:
             for d in self.data
         ]
         rows = graph_replace(loglik, dict(zip(self.data, self._row_inputs, strict=True)))
-        graphs = [rows, loglik, log_f0, total] + ([window] if windows else [])
+        # the fused sum of the rows it is given: with a permuted copy, loglik_sum passes it
+        # (the same sum), so that a race that ends in an exact pass touches one copy of the
+        # data, not two
+        graphs = [rows, loglik, log_f0, rows.sum(axis=-1)] + ([window] if windows else [])
         outs = [vectorize_graph(g, replace=batch) for g in graphs]
         used = set()
         for g in outs:
@@ -326,8 +327,10 @@ class ObservationTerms:
         )
         self._rows_fn = self._compile(outs[0], [*self._cands, *self._row_inputs, *self.inputs])
         self._exact_fn = self._compile(outs[2], [*self._cands, *self.inputs])
-        total_inputs = [start, stop] if self._permuted else []
-        self._totals_fn = self._compile(outs[3], [*self._cands, *total_inputs, *self.inputs])
+        self._totals_fn = self._compile(outs[3], [*self._cands, *self._row_inputs, *self.inputs])
+        self._sum_rows = ChunkedSum(
+            self._totals_fn, len(self._cands), len(self.data), len(self.inputs)
+        )
         self._window_fn = None
         if windows:
             self._window_fn = self._compile(outs[4], [*self._cands, start, stop, *self.inputs])
@@ -601,10 +604,16 @@ class ObservationTerms:
         return self._rows_fn(*cands, *rows, *others)
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
-        r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)` in one fused pass, shape ``(K,)``."""
-        whole = self._whole if self._permuted else ()
+        r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)`, shape ``(K,)``.
+
+        A fused pass (terms summed in the compiled graph), over chunks of rows
+        that stay in cache (:class:`~pymc_subsample.chunked_sum.ChunkedSum`).
+        """
         cands, others = self._exact_arrays(candidates, point)
-        return np.asarray(self._totals_fn(*cands, *whole, *others), dtype=np.float64)
+        rows = self._permuted_values or [
+            np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data
+        ]
+        return np.asarray(self._sum_rows(cands, rows, others), dtype=np.float64)
 
     def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Non-per-observation terms :math:`\log f_0(\theta_k)`, shape ``(K,)``."""

@@ -1,0 +1,93 @@
+r"""Sums of per-observation terms over every row, a cache-sized chunk of rows at a time.
+
+A fused pass :math:`s_k = \sum_{n=1}^N \log f_n(\theta_k)` compiled as one
+reduction over a ``(K, N)`` iteration space loops over the candidates
+outside and the rows inside: it reads the data :math:`K` times. When the
+data do not stay in cache between those reads (a race's exact pass over a
+few surviving candidates, in a sampler whose other steps touch other
+memory), each read comes from main memory. Measured at :math:`N = 10^6`
+(8 MB of data): 7 candidates took 0.43 ns a term with the data out of cache,
+0.17 in cache. :class:`ChunkedSum` calls the same compiled reduction on
+consecutive chunks of about :data:`CHUNK_BYTES` of rows from one compiled loop,
+so that the data are read from memory once and the :math:`K` passes over a
+chunk find it in cache: 0.22 ns a term out of cache at :math:`K = 7`, and no
+slower in cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numba import njit
+
+__all__ = ["CHUNK_BYTES", "ChunkedSum"]
+
+#: Bytes of data rows a chunk holds (every per-observation input together): small
+#: enough to stay in a core's cache while each candidate reads it.
+CHUNK_BYTES = 2**17
+
+_TEMPLATE = """
+def driver({args}, chunk):
+    n = len(d0)
+    total = np.zeros(len(c0))
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        total += fn({call})[0]
+    return total
+"""
+
+
+class ChunkedSum:
+    r"""Row sums of a compiled function of data rows, evaluated chunk by chunk.
+
+    ``fn(*candidates, *rows, *others)`` returns a tuple whose first element
+    is :math:`(\sum_{n \in \text{rows}} \log f_n(\theta_k))_k`, shape ``(K,)``;
+    calling this object on every row returns the same sums over all rows,
+    computed on chunks of about :data:`CHUNK_BYTES` (one compiled loop)
+    and added. Only the rounding differs from one call on every row.
+
+    Parameters
+    ----------
+    fn : callable
+        The compiled function (a PyTensor function).
+    n_cands, n_rows, n_others : int
+        Number of candidate, data-row and other inputs of ``fn``, in that
+        order.
+    """
+
+    def __init__(self, fn, n_cands: int, n_rows: int, n_others: int):
+        self.fn = fn
+        self._shape = (n_cands, n_rows, n_others)
+        self._driver = None
+
+    def chunk_rows(self, rows: Sequence[np.ndarray]) -> int:
+        """Rows in a chunk of :data:`CHUNK_BYTES` of ``rows`` (at least 1,024)."""
+        row_bytes = sum(r.itemsize * int(np.prod(r.shape[1:])) for r in rows)
+        return max(1024, CHUNK_BYTES // max(row_bytes, 1))
+
+    def __call__(
+        self, cands: Sequence[np.ndarray], rows: Sequence[np.ndarray], others: Sequence
+    ) -> np.ndarray:
+        """Return the sums over every row of ``rows`` (C-contiguous, rows first), ``(K,)``."""
+        chunk = self.chunk_rows(rows)
+        jit_fn = getattr(getattr(self.fn, "vm", None), "jit_fn", None)
+        if jit_fn is None or len(rows[0]) <= 4 * chunk:  # one call (not compiled by Numba)
+            return np.asarray(self.fn(*cands, *rows, *others), dtype=np.float64)
+        if self._driver is None:
+            self._driver = _driver(jit_fn, *self._shape)
+        return self._driver(*cands, *rows, *others, chunk)
+
+
+def _driver(fn, n_cands: int, n_rows: int, n_others: int):
+    """Compile the chunk loop of ``fn`` (bound in as a global: typed once, not at each call)."""
+    cands = [f"c{i}" for i in range(n_cands)]
+    rows = [f"d{i}" for i in range(n_rows)]
+    others = [f"o{i}" for i in range(n_others)]
+    source = _TEMPLATE.format(
+        args=", ".join(cands + rows + others),
+        call=", ".join(cands + [f"{r}[start:stop]" for r in rows] + others),
+    )
+    namespace = {"fn": fn, "np": np}
+    exec(compile(source, "<chunked sum driver>", "exec"), namespace)  # noqa: S102
+    return njit(namespace["driver"])

@@ -1,0 +1,58 @@
+"""Sums over every row computed chunk by chunk (:class:`ChunkedSum`) against one whole sum."""
+
+import numpy as np
+import pymc as pm
+import pytest
+
+from pymc_subsample import SubsampledCategoricalGibbs, chunked_sum
+
+
+@pytest.fixture
+def regression():
+    """A categorical intercept beside a continuous slope, two data inputs (one a matrix)."""
+    rng = np.random.default_rng(3)
+    n = 10_007  # not a multiple of the chunk
+    x = rng.normal(size=(n, 3))
+    y = x @ np.array([0.5, -1.0, 2.0]) + rng.normal(size=n)
+    with pm.Model() as model:
+        x_data = pm.Data("x_data", x)
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.full(4, 0.25))
+        beta = pm.Normal("beta", 0.0, 1.0, shape=3)
+        pm.Normal("y", pm.math.constant([-1.0, 0.0, 1.0, 2.0])[q] + x_data @ beta, 1.0,
+                  observed=y_data)  # fmt: skip
+    return model, q
+
+
+@pytest.mark.parametrize("batches", ["blocks", "random"])
+def test_chunked_sums_equal_the_sums_of_all_terms(regression, batches, monkeypatch):
+    monkeypatch.setattr(chunked_sum, "CHUNK_BYTES", 2048)  # chunks of 1,024 rows
+    model, q = regression
+    with model:
+        step = SubsampledCategoricalGibbs([q], batches=batches)
+    terms = step.terms
+    point = model.initial_point() | {"beta": np.array([0.3, -0.2, 1.0])}
+    cands = [np.arange(4)]
+    sums = terms.loglik_sum(cands, point)
+    assert terms._sum_rows._driver is not None  # summed in chunks
+    np.testing.assert_allclose(sums, terms.loglik_full(cands, point).sum(axis=1), rtol=1e-12)
+    # a subset of the candidates, in another order
+    np.testing.assert_allclose(terms.loglik_sum([np.array([3, 1])], point), sums[[3, 1]])
+
+
+def test_a_small_population_is_summed_in_one_call(regression):
+    model, q = regression
+    with model:
+        step = SubsampledCategoricalGibbs([q])
+    point = model.initial_point()
+    sums = step.terms.loglik_sum([np.arange(4)], point)
+    assert step.terms._sum_rows._driver is None
+    np.testing.assert_allclose(
+        sums, step.terms.loglik_full([np.arange(4)], point).sum(axis=1), rtol=1e-12
+    )
+
+
+def test_chunk_rows_follow_the_bytes_of_a_row():
+    summer = chunked_sum.ChunkedSum(None, 1, 2, 0)
+    rows = [np.zeros((10, 3)), np.zeros(10, dtype=np.float32)]  # 28 bytes a row
+    assert summer.chunk_rows(rows) == max(1024, chunked_sum.CHUNK_BYTES // 28)
