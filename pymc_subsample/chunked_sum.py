@@ -45,7 +45,10 @@ class ChunkedSum:
     is :math:`(\sum_{n \in \text{rows}} \log f_n(\theta_k))_k`, shape ``(K,)``;
     calling this object on every row returns the same sums over all rows,
     computed on chunks of about :data:`CHUNK_BYTES` (one compiled loop)
-    and added. Only the rounding differs from one call on every row.
+    and added. Only the rounding differs from one call on every row. The
+    loop is compiled at the first call on more than four chunks of rows
+    (about 0.4 s); smaller populations, or a function not compiled by Numba,
+    are summed in one call.
 
     Parameters
     ----------
