@@ -56,3 +56,20 @@ def test_chunk_rows_follow_the_bytes_of_a_row():
     summer = chunked_sum.ChunkedSum(None, 1, 2, 0)
     rows = [np.zeros((10, 3)), np.zeros(10, dtype=np.float32)]  # 28 bytes a row
     assert summer.chunk_rows(rows) == max(1024, chunked_sum.CHUNK_BYTES // 28)
+
+
+def test_a_minus_inf_term_in_one_chunk_makes_that_sum_minus_inf(monkeypatch):
+    monkeypatch.setattr(chunked_sum, "CHUNK_BYTES", 2048)  # chunks of 1,024 rows
+    y = np.random.default_rng(4).uniform(1.0, 2.0, size=6_000)
+    y[4_321] = 0.5  # outside the support of the first candidate only
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.full(3, 1 / 3))
+        lower = pm.math.constant([0.9, 0.0, -1.0])[q]
+        pm.Uniform("y", lower, lower + 5.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([q])
+    point = model.initial_point()
+    sums = step.terms.loglik_sum([np.arange(3)], point)
+    assert step.terms._sum_rows._driver is not None
+    assert sums[0] == -np.inf and np.isfinite(sums[1:]).all()
+    np.testing.assert_allclose(sums[1:], -6_000 * np.log(5.0))
