@@ -599,9 +599,11 @@ class ObservationTerms:
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         cands, others = self._exact_arrays(candidates, point)
-        # every row, in data order (C order: the function trusts its inputs)
-        rows = [np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data]
-        return self._rows_fn(*cands, *rows, *others)
+        return self._rows_fn(*cands, *self._data_rows(), *others)
+
+    def _data_rows(self) -> list[np.ndarray]:
+        """Every row of the per-observation inputs, in data order (C order: trusted inputs)."""
+        return [np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data]
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)`, shape ``(K,)``.
@@ -610,9 +612,7 @@ class ObservationTerms:
         that stay in cache (:class:`~pymc_subsample.chunked_sum.ChunkedSum`).
         """
         cands, others = self._exact_arrays(candidates, point)
-        rows = self._permuted_values or [
-            np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data
-        ]
+        rows = self._permuted_values or self._data_rows()  # the same sum in any order
         return np.asarray(self._sum_rows(cands, rows, others), dtype=np.float64)
 
     def log_f0(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
