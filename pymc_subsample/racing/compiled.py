@@ -349,6 +349,12 @@ class CompiledRewards:
         self.data = tuple(data)
 
 
+def _blocks(n_obs: int) -> tuple[int, int]:
+    """Rows per block (:func:`~.schedule.block_rows`) and number of blocks of ``n_obs``."""
+    block = block_rows(n_obs)
+    return block, -(-n_obs // block)
+
+
 def supports(config: RaceConfig, n_arms: int, n_obs: int, totals) -> bool:
     """Return True when :func:`race_blocks` can run this race.
 
@@ -361,9 +367,8 @@ def supports(config: RaceConfig, n_arms: int, n_obs: int, totals) -> bool:
     looks = config.looks(n_obs)
     if len(looks) < 2:
         return False
-    block = block_rows(n_obs)
+    block, n_blocks = _blocks(n_obs)
     last = int(looks[-2]) + block
-    n_blocks = -(-n_obs // block)
     return 2 * last < n_obs and last <= REJECTION_SHARE * n_blocks * block - block
 
 
@@ -411,8 +416,7 @@ class CompiledRace:
             )
         self.kernel = kernel = SharedRace(config, n_arms, n_obs)
         self.n_obs = int(n_obs)
-        self.block = block_rows(self.n_obs)
-        self.n_blocks = -(-self.n_obs // self.block)
+        self.block, self.n_blocks = _blocks(self.n_obs)
         self._driver = _driver(rewards.fn, len(rewards.data), int(n_others))
         bound = kernel.bound
         t_last = kernel._t_last
