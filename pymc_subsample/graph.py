@@ -43,6 +43,7 @@ from pytensor.graph.traversal import ancestors, graph_inputs
 
 from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
+from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
 
 __all__ = [
     "BATCH_LAYOUTS",
@@ -56,6 +57,9 @@ __all__ = [
 
 #: Names accepted by ``ObservationTerms(batches=...)``.
 BATCH_LAYOUTS = ("blocks", "random", "windows")
+
+#: Draws from the prior at which :meth:`ObservationTerms._check_row_locality` checks the terms.
+LOCALITY_DRAWS = 3
 
 #: Largest number of coordinates of the other inputs for which the expansion of
 #: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
@@ -93,6 +97,27 @@ def model_deterministics(model, variables: str | Sequence) -> list:
             )
         found.append(var)
     return found
+
+
+def prior_points(model, n: int, seed: int) -> list[dict]:
+    """Return ``n`` joint draws of the model's free variables from the prior, as value points.
+
+    Transformed variables are mapped to their value variables' space; an empty
+    list when the prior cannot be sampled (e.g. a ``CustomDist`` without a
+    random function).
+    """
+    from pymc.pytensorf import compile as compile_pymc
+
+    outputs = []
+    for rv in model.free_RVs:
+        transform = model.rvs_to_transforms.get(rv)
+        outputs.append(rv if transform is None else transform.forward(rv, *rv.owner.inputs))
+    names = [model.rvs_to_values[rv].name for rv in model.free_RVs]
+    try:
+        draw = compile_pymc([], outputs, random_seed=seed)
+        return [dict(zip(names, draw(), strict=True)) for _ in range(n)]
+    except Exception:  # noqa: BLE001 (any failure to sample the prior: check at fewer points)
+        return []
 
 
 class ModelSplitError(ValueError):
@@ -262,6 +287,8 @@ class ObservationTerms:
 
         self.data = self._find_data(model, loglik, data, observed)
         self._reject_numpy_inputs(loglik, observed)
+        self._mixing = find_row_mixing(loglik, self.data)
+        self._reject_row_mixing(names)
 
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
@@ -336,7 +363,7 @@ class ObservationTerms:
             self._window_fn = self._compile(outs[4], [*self._cands, start, stop, *self.inputs])
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
-        self._check_subset(point, names)
+        self._check_row_locality(point, names)
 
     # -- construction helpers -------------------------------------------------
 
@@ -409,23 +436,45 @@ class ObservationTerms:
                     "a NumPy array: wrap it in pm.Data so that it can be indexed by observation"
                 )
 
-    def _check_subset(self, point, names) -> None:
-        rng = np.random.default_rng(0)
-        idx = np.sort(rng.choice(self.n_obs, size=min(self.n_obs, 7), replace=False))
-        cands = [np.asarray(point[v.name])[None] for v in self.vars]
-        try:
-            sub = self.loglik_subset(cands, idx, point)
-            full = self.loglik_full(cands, point)[:, idx]
-            ok = sub.shape == full.shape and np.allclose(
-                sub, full, rtol=1e-7, atol=1e-10, equal_nan=True
+    def _reject_row_mixing(self, names: str) -> None:
+        """Refuse terms whose graph certainly reads other observations' rows."""
+        definite = [m for m in self._mixing if m.definite]
+        if definite:
+            found = "; ".join(m.describe() for m in definite)
+            raise ModelSplitError(
+                f"the likelihood terms of {', '.join(self.observed)} (for {names}) read other "
+                f"observations' rows: {found}. {LAG_FIX}"
             )
-        except Exception as err:  # the subset graph could not even run
-            ok = False
-            cause = f" (evaluating it failed: {type(err).__name__}: {err})"
-        else:
-            cause = ""
-        if ok:
-            return
+
+    def _check_row_locality(self, point: dict, names: str) -> None:
+        r"""Check numerically that the terms are row-local, at several parameter values.
+
+        At the initial point and at :data:`LOCALITY_DRAWS` draws from the
+        prior (a lag coefficient at its initial value 0 hides the lag), the
+        terms must be permutation-equivariant in the rows and a subset's
+        terms the full terms on those rows
+        (:func:`~pymc_subsample.row_locality.equivariance_failure`). This
+        also catches what the graph rule leaves unverified, and inputs with
+        :math:`N` rows that are not indexed.
+        """
+        rng = np.random.default_rng(0)
+        rows = self._data_rows()
+        for at in [point, *prior_points(self._model, LOCALITY_DRAWS, seed=0)]:
+            cands = [np.asarray(at[v.name], dtype=v.dtype)[None] for v in self.vars]
+            others = [
+                np.asarray(at[n], dtype=d)
+                for n, d in zip(self._input_names, self._input_dtypes, strict=True)
+            ]
+            try:
+                failure = equivariance_failure(
+                    lambda r, c=cands, o=others: self._rows_fn(*c, *r, *o), rows, rng
+                )
+            except Exception as err:  # the terms could not even be evaluated on a subset
+                failure = f"evaluating them on a subset failed ({type(err).__name__}: {err})"
+            if failure is not None:
+                self._refuse_not_local(at, names, failure)
+
+    def _refuse_not_local(self, point: dict, names: str, failure: str) -> None:
         latent = [
             n
             for n in self._input_names
@@ -435,16 +484,29 @@ class ObservationTerms:
             raise ModelSplitError(
                 f"the likelihood of {', '.join(self.observed)} depends on per-observation "
                 f"latent variable(s) {latent}: their terms are not functions of {names} and the "
-                "data alone. Subsampling does not apply; marginalize them or use exact steps"
-                + cause
+                f"data alone ({failure}). Subsampling does not apply; marginalize them or use "
+                "exact steps"
+            )
+        unverified = [m.describe() for m in self._mixing]
+        detail = f" The graph has {'; '.join(unverified)}." if unverified else ""
+        foreign = [
+            f"{v.name!r} ({np.shape(v.get_value(borrow=True))[0]} rows)"
+            for v in graph_inputs([self._loglik])
+            if isinstance(v, SharedVariable)
+            and np.ndim(v.get_value(borrow=True)) >= 1
+            and v not in self.data
+        ]
+        if foreign:
+            detail += (
+                f" Inputs read whole, not by observation: {', '.join(foreign)}; a slice of "
+                "one of them aligned with the observations is a lag."
             )
         raise ModelSplitError(
-            f"the likelihood terms of {', '.join(self.observed)} evaluated on a subset of "
-            "observations differ from the full terms: they are not separable by observation "
-            "(e.g. a time-series likelihood that couples neighbouring observations) or a "
-            "per-observation input is not indexed. Indexed inputs: "
-            f"{[d.name for d in self.data]}; pass data=[...] listing every per-observation "
-            "pm.Data input, or use an exact step" + cause
+            f"the likelihood terms of {', '.join(self.observed)} are not row-local: {failure} "
+            "at a draw from the prior, so term n reads more than row n of the data "
+            f"(indexed inputs: {[d.name for d in self.data]}).{detail} If a per-observation "
+            "pm.Data input is missing from the indexed ones, pass data=[...] listing every one. "
+            + LAG_FIX
         )
 
     # -- evaluation -------------------------------------------------------------
