@@ -15,8 +15,10 @@ import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .cost import compiled_look_cost
+from .graph import prior_points
 from .racing import RaceResult, sample_categorical
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
+from .racing.race import sparse_arms
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
@@ -600,7 +602,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         with the new plan.
         """
         self._compiled = False
-        if not self._compiled_structure():
+        if not self._compiled_structure() or self._sparse_differences():
             return
         terms = self.terms
         n_cat, n_obs = self.n_categories[0], terms.n_obs
@@ -627,6 +629,32 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._lone_totals(point),
             rng=np.random.default_rng(0),
         )  # fmt: skip
+
+    def _sparse_differences(self, rows: int = 512, arms: int = 4096) -> bool:
+        """Return True when values' terms equal the best one's on most rows of a probe.
+
+        At the initial point and two draws from the prior, on ``rows`` random
+        rows (:func:`~pymc_subsample.racing.race.sparse_arms`). Races of such
+        a variable (a change point, a value that touches few observations)
+        keep those values to an exact pass, which the Python race does at
+        every look; the compiled race does not, so it is not used.
+        """
+        terms, values = self.terms, self._values[0]
+        rng = np.random.default_rng(0)
+        for point in [self.initial_point, *prior_points(self.model, 2, seed=1)]:
+            idx = np.sort(rng.choice(terms.n_obs, size=min(rows, terms.n_obs), replace=False))
+            batch = np.concatenate(
+                [
+                    terms.loglik_subset([values[a : a + arms]], idx, point)
+                    for a in range(0, len(values), arms)
+                ]
+            )
+            finite = np.isfinite(batch).all(axis=1)
+            if finite.sum() > 1:
+                batch = batch[finite]
+                if sparse_arms(batch, int(batch.mean(axis=1).argmax())).any():
+                    return True
+        return False
 
     def _compiled_structure(self) -> bool:
         """Return True for a lone scalar, no control variates, compiled rows, large N."""

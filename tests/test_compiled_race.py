@@ -230,12 +230,16 @@ def test_auto_plan_is_timed_on_compiled_looks(large_selector):
 
 @pytest.fixture(scope="module")
 def tied_selector():
-    """Three values with identical terms (weighted by the prior), two far off: early races."""
+    """Three values with nearly identical terms (weighted by the prior), two far off.
+
+    Their differences are tiny but nonzero on every row: values with identical terms on most
+    rows have sparse differences, which go to an exact pass (``racing.race.sparse_arms``).
+    """
     rng = np.random.default_rng(4)
     with pm.Model() as model:
         y_data = pm.Data("y_data", rng.normal(0.0, 1.0, size=150_000))
         q = pm.Categorical("q", p=np.array([0.1, 0.3, 0.2, 0.2, 0.2]))
-        mus = pt.as_tensor(np.array([0.0, 0.0, 0.0, 0.02, 0.3]))
+        mus = pt.as_tensor(np.array([0.0, 1e-6, 2e-6, 0.02, 0.3]))
         pm.Normal("y", mus[q], 1.0, observed=y_data)
     return model, q
 
@@ -249,7 +253,7 @@ def test_lean_compiled_step_draws_the_exact_conditional(
 
     "diffuse": three values share the mass with log-likelihoods about a nat
     apart, so most races end in the exact pass. "tied": three values have the
-    same terms (zero variance of their differences) and only the Gumbel noise
+    same terms up to 1e-6 (almost no variance in their differences) and only the Gumbel noise
     and the prior separate them, so races decide after a look or two. delta =
     0.01, so that a chi-square on 1,500 draws would see an error of the default
     0.05 in total variation. "chunked": every look after the first is

@@ -47,12 +47,14 @@ from .schedule import ExactSwitch, doubling_schedule, position_stream
 
 __all__ = [
     "BATCHES",
+    "SPARSE_SHARE",
     "RaceConfig",
     "RaceState",
     "SharedRace",
     "race",
     "race_exact",
     "race_shared",
+    "sparse_arms",
 ]
 
 #: Names accepted by ``RaceConfig.batches``.
@@ -60,6 +62,31 @@ BATCHES = ("blocks", "random", "windows")
 
 _FLOAT64 = np.dtype(np.float64)  # a singleton: ``is`` tests it faster than ``==``
 _NO_WIDTH = (-1.0, 0.0)  # no give-up count in a look
+
+#: An arm whose rewards on a look equal the leader's on more than this share of the rows
+#: has *sparse differences* with it: the few rows where they differ decide between them,
+#: and a bound estimated from a batch that may hold none of them is not to be trusted.
+SPARSE_SHARE = 0.5
+
+
+def sparse_arms(batch: np.ndarray, lead: int) -> np.ndarray:
+    """Return which arms' rewards equal the leader's on more than :data:`SPARSE_SHARE` of a look.
+
+    Parameters
+    ----------
+    batch : numpy.ndarray
+        ``(arms, m)`` rewards of the look.
+    lead : int
+        Row of the leader in ``batch``.
+
+    Returns
+    -------
+    numpy.ndarray
+        Boolean, one per arm; False for the leader.
+    """
+    same = np.count_nonzero(batch == batch[lead], axis=1) > SPARSE_SHARE * batch.shape[1]
+    same[lead] = False
+    return same
 
 
 @dataclass(frozen=True)
@@ -239,6 +266,10 @@ class RaceState(NamedTuple):
     n_stuck : int
         Survivors counted stuck by the look that made this state (see
         :meth:`SharedRace.hopeless`); −1 when that look did not count them.
+    sparse : bool
+        A look kept arms that its bound would have dropped because their
+        differences with the leader were sparse (:func:`sparse_arms`): the
+        race goes to its exact pass.
     """
 
     alive: np.ndarray
@@ -251,6 +282,7 @@ class RaceState(NamedTuple):
     n_rounds: int
     winner: int
     n_stuck: int = -1
+    sparse: bool = False
 
     @property
     def mean(self) -> np.ndarray:
@@ -366,7 +398,7 @@ class SharedRace:
             )  # fmt: skip
             if lead >= 0:
                 return self._drop(
-                    state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck
+                    state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck, batch
                 )  # fmt: skip
         elif size < self.n_obs:  # Racing-EBS
             factor, floor = self._widths.get(size) or self._width(size)
@@ -458,16 +490,26 @@ class SharedRace:
         )
 
     def _drop(
-        self, state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck=-1
+        self, state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, n_stuck=-1, batch=None
     ) -> RaceState:
         """Apply a :func:`~pymc_subsample.racing.kernels.look_rows` verdict to the state.
 
         ``new, lead, n_ref, n_keep, n_stuck`` as that look returns them:
         ``new`` the merged rows ``mean, dmean, m2, offset`` and then ``keep``.
+        With the look's ``batch``, arms with sparse differences from the
+        leader (:func:`sparse_arms`) are kept, whatever the bound says, and
+        the state is marked ``sparse``.
         """
         alive = state.alive
         ref = lead if self.pairwise else -1
         means = state.means
+        sparse = False
+        if n_keep < len(alive) and len(alive) > 1 and batch is not None:
+            kept = sparse_arms(batch, lead) & (new[4] == 0.0)
+            if kept.any():  # their bound cannot be trusted: they stay, and the race goes exact
+                new[4, kept] = 1.0
+                n_keep += int(np.count_nonzero(kept))
+                sparse = True
         if n_keep < len(alive) and len(alive) > 1:
             keep = new[4] != 0.0
             gone = ~keep
@@ -479,7 +521,9 @@ class SharedRace:
         else:
             rows = new[:4]
         winner = int(alive[0]) if len(alive) == 1 else -1
-        return RaceState(alive, size, rows, ref, n_ref, means, n_evals, n_rounds, winner, n_stuck)
+        return RaceState(
+            alive, size, rows, ref, n_ref, means, n_evals, n_rounds, winner, n_stuck, sparse
+        )
 
     def _eliminate(self, state: RaceState, batch: np.ndarray, out: tuple, size: int):
         """Racing-EBS: apply the compiled look's statistics and the EBS eliminations."""
@@ -494,7 +538,7 @@ class SharedRace:
             keep = self._ebs_keep(batch, mean + offsets, lead, m2, n_ref, size)
         new = np.stack([mean, dmean, m2, offsets, keep.astype(float)])
         n_keep = int(np.count_nonzero(keep))
-        return self._drop(state, new, lead, n_ref, n_keep, size, n_evals, n_rounds)
+        return self._drop(state, new, lead, n_ref, n_keep, size, n_evals, n_rounds, batch=batch)
 
     def _ebs_keep(self, batch, score, lead, m2, n_ref, size) -> np.ndarray:
         """Racing-EBS elimination (the range of the latest batch stands in for a missing C)."""
@@ -635,7 +679,7 @@ def race_shared(
             return _rescue(kernel, state, rewards, totals)
         if state.winner >= 0:
             break
-        if give_up and kernel.hopeless(state):  # straight to the exact pass
+        if state.sparse or (give_up and kernel.hopeless(state)):  # straight to the exact pass
             return _exact_pass(kernel, state, rewards, totals)
     return kernel.result(state)
 
