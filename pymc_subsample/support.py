@@ -47,10 +47,11 @@ from .graph import _depends_on
 
 __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
-#: Most candidate values a variable may have. Per draw, the step holds several arrays with
-#: one entry per candidate (Gumbel noise for 64 draws at a time, the race's per-candidate
-#: state), and an exact pass evaluates every candidate on chunks of rows: beyond this,
-#: memory and time per draw grow past what an exact enumeration step is for.
+#: Most candidate values :math:`D` a variable may have. A draw holds arrays of
+#: :math:`D` entries (per-candidate race state, Gumbel noise for
+#: :data:`~pymc_subsample.gibbs.LEAN_BUFFER` draws at a time), and an exact pass
+#: evaluates every candidate on chunks of at least 1,024 rows, with intermediates of
+#: :math:`D \times 1024` floats (80 MB at this bound); its time grows as :math:`D N`.
 MAX_CATEGORIES = 10_000
 
 #: Lower end of the support of discrete distributions unbounded above, for a ``Truncated``
