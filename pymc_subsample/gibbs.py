@@ -653,6 +653,24 @@ class SubsampledCategoricalGibbs(RacingStep):
         )  # fmt: skip
         return res.winner, res
 
+    def data_changed(self) -> None:
+        """Take up new data values; refuse new values that change a variable's support.
+
+        Bounds in ``pm.Data`` (e.g. ``pm.DiscreteUniform("s", 0, T)``) are read
+        when the step is built, and its races are planned for that many
+        candidates: build a new step when they change.
+        """
+        for var, values in zip(self.vars, self._values, strict=True):
+            now = discrete_support(self.model, var, self.initial_point)
+            if not np.array_equal(now, values):
+                raise ValueError(
+                    f"the new data change the support of {var.name!r} from "
+                    f"{values[0]}..{values[-1]} to {now[0]}..{now[-1]}: "
+                    "SubsampledCategoricalGibbs enumerates the support read when it was built; "
+                    "build a new step for the new data"
+                )
+        super().data_changed()
+
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state, the lean path's buffers included."""
         super().setup_chain(rng, tune, draws)

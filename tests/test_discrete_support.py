@@ -109,7 +109,9 @@ def test_binomial_scale_matches_enumeration():
     assert_frequencies(draws, values, probs)
 
 
-@pytest.mark.parametrize("kind", ["beta_binomial", "hypergeometric", "ordered_logistic"])
+@pytest.mark.parametrize(
+    "kind", ["beta_binomial", "hypergeometric", "ordered_logistic", "truncated_poisson"]
+)
 def test_other_supports_match_enumeration(kind):
     rng = np.random.default_rng(5)
     y = rng.normal(0.05, 1.0, size=N_OBS)
@@ -119,12 +121,30 @@ def test_other_supports_match_enumeration(kind):
             q, values = pm.BetaBinomial("q", 2.0, 3.0, 8), np.arange(9)
         elif kind == "hypergeometric":
             q, values = pm.HyperGeometric("q", N=12, k=9, n=6), np.arange(3, 7)
-        else:
+        elif kind == "ordered_logistic":
             q, values = pm.OrderedLogistic("q", 0.5, [-1.0, 0.0, 2.0]), np.arange(4)
+        else:
+            q, values = pm.Truncated("q", pm.Poisson.dist(3.0), upper=8), np.arange(9)
         pm.Normal("y", 0.02 * q, 1.0, observed=y_data)
         probs = enumerate_posterior(model, "q", values)
         draws = sample(SubsampledCategoricalGibbs([q], bound="exact"), draws=1000)
     assert_frequencies(draws["q"].values.ravel(), values, probs)
+
+
+def test_change_point_matches_enumeration():
+    # s = DiscreteUniform(0, T): observations before s have mean 0, from s on mean 0.4
+    n_obs = 400
+    rng = np.random.default_rng(9)
+    y = rng.normal(np.where(np.arange(n_obs) < 200, 0.0, 0.4), 1.0)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        t = pm.Data("t", np.arange(n_obs))
+        s = pm.DiscreteUniform("s", 0, n_obs)
+        pm.Normal("y", pm.math.where(t < s, 0.0, 0.4), 1.0, observed=y_data)
+        values = np.arange(n_obs + 1)
+        probs = enumerate_posterior(model, "s", values)
+        draws = sample(SubsampledCategoricalGibbs([s], **RACE), draws=1000)["s"].values.ravel()
+    assert_frequencies(draws, values, probs)
 
 
 def test_vector_with_different_bounds_draws_each_element_in_its_support():
@@ -191,3 +211,18 @@ def test_unbounded_and_oversized_supports_are_refused_naming_the_fix():
             ValueError, match=rf"'big'.*{MAX_CATEGORIES + 1} values.*MAX_CATEGORIES"
         ):
             SubsampledCategoricalGibbs([big])
+
+
+def test_new_data_that_change_the_support_are_refused():
+    with pm.Model():
+        y_data = pm.Data("y_data", np.zeros(10))
+        t = pm.Data("t", 12)
+        s = pm.DiscreteUniform("s", 0, t)
+        pm.Normal("y", 0.01 * s, 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([s])
+        assert step.n_categories == [13]
+        pm.set_data({"y_data": np.ones(10)})
+        step.data_changed()  # the same support
+        pm.set_data({"t": 20})
+        with pytest.raises(ValueError, match=r"support of 's' from 0..12 to 0..20.*new step"):
+            step.data_changed()
