@@ -5,24 +5,20 @@ variable from its full conditional over a finite list of candidate values
 :math:`\{l, l+1, \dots, u\}`, fixed when the step is built. That list is
 known for these distributions (PyMC's parametrisations):
 
-=============================================  ==========================================
-distribution                                   support
-=============================================  ==========================================
-``Bernoulli(p)``                               :math:`0..1`
-``Categorical(p)`` (``OrderedLogistic``,       :math:`0..K-1`, :math:`K` the length of
-``OrderedProbit``, which are Categoricals)     :math:`p`
-``DiscreteUniform(lower, upper)``              :math:`l..u`
-``Binomial(n, p)``, ``BetaBinomial(a, b, n)``  :math:`0..n`
-``HyperGeometric(N, k, n)``                    :math:`\max(0, n - N + k)..\min(k, n)`
-``Truncated(dist, lower, upper)``, both        :math:`l..u`
-bounds given (or no lower bound on a
-``Poisson`` or ``NegativeBinomial``: :math:`0`)
-=============================================  ==========================================
+* ``Bernoulli(p)``: :math:`0..1`;
+* ``Categorical(p)``: :math:`0..K-1`, :math:`K` the length of :math:`p`
+  (``OrderedLogistic`` and ``OrderedProbit`` are Categoricals);
+* ``DiscreteUniform(lower, upper)``: :math:`l..u`;
+* ``Binomial(n, p)`` and ``BetaBinomial(alpha, beta, n)``: :math:`0..n`;
+* ``HyperGeometric(N, k, n)``: :math:`\max(0, n - N + k)..\min(k, n)`;
+* ``Truncated(dist, lower, upper)`` of a discrete ``dist``: :math:`l..u`, with
+  :math:`l = 0` when a ``Poisson`` or ``NegativeBinomial`` has no lower bound.
 
 The bounds must not depend on another free variable: the support would then
 change from draw to draw, and a list fixed at construction would leave out
 values the conditional gives mass to. They may depend on ``pm.Data``, read
-when the step is built. For a vector variable whose elements have different
+when the step is built (its ``data_changed`` refuses new values that change
+them). For a vector variable whose elements have different
 bounds, the list is their union: a value outside an element's own support has
 prior density zero and is never drawn for it.
 """
