@@ -1,6 +1,7 @@
 r"""SubsampledCategoricalGibbs: Gibbs updates of discrete variables by racing.
 
-The full conditional of a discrete variable :math:`X \in \{0..D-1\}` is
+The full conditional of a discrete variable :math:`X` with :math:`D` values
+(:func:`~pymc_subsample.support.discrete_support`), indexed :math:`i = 0..D-1`, is
 :math:`p(X=i \mid \cdot) \propto f_0(i) \prod_{n=1}^N f_n(i)`; each draw is
 :func:`~pymc_subsample.racing.sample_categorical` on it (Chen & Ghahramani
 2016, Sec. 2–3),
@@ -12,7 +13,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import numpy as np
-from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .cost import compiled_look_cost
 from .graph import prior_points
@@ -20,6 +20,7 @@ from .racing import RaceResult, sample_categorical
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .racing.race import sparse_arms
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .support import discrete_support
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
@@ -33,28 +34,6 @@ COMPILED_MIN_OBS = 10_000
 LEAN_BUFFER = 64
 #: Back-off key (block element) of a lone scalar.
 LONE_KEY = (0, 0)
-
-
-def _n_categories(model, value_var, initial_point) -> int:
-    rv = model.values_to_rvs[value_var]
-    op = getattr(rv.owner, "op", None)
-    if isinstance(op, BernoulliRV):
-        return 2
-    if isinstance(op, CategoricalRV):
-        (k_graph,) = model.replace_rvs_by_values((rv.owner.inputs[-1].shape[-1],))
-        fn = model.compile_fn(k_graph, inputs=model.value_vars, on_unused_input="ignore")
-        return int(fn(initial_point))
-    kind = type(op).__name__ if op is not None else "unknown"
-    if value_var.dtype.startswith(("int", "uint", "bool")):
-        raise ValueError(
-            f"SubsampledCategoricalGibbs updates Categorical or Bernoulli variables; "
-            f"{rv.name!r} is discrete but of kind {kind} (unbounded or not enumerated). "
-            "Use pm.Metropolis for it, or rewrite it as a Categorical over its support"
-        )
-    raise ValueError(
-        f"SubsampledCategoricalGibbs updates Categorical or Bernoulli variables; {rv.name!r} is "
-        f"continuous ({kind}, dtype {value_var.dtype}): use RacingMetropolis or NUTS for it"
-    )
 
 
 def _draw_stats(
@@ -72,7 +51,7 @@ def _draw_stats(
 
 
 class SubsampledCategoricalGibbs(RacingStep):
-    r"""Gibbs step for Categorical and Bernoulli variables that races on mini-batches.
+    r"""Gibbs step for bounded discrete variables that races on mini-batches.
 
     Each element of each variable in ``vars`` is redrawn in turn from its full
     conditional :math:`p(X=i \mid \cdot) \propto f_0(i)\prod_n f_n(i)`, with
@@ -88,8 +67,15 @@ class SubsampledCategoricalGibbs(RacingStep):
     Parameters
     ----------
     vars : list
-        Categorical or Bernoulli variables (scalar or vector; a vector is
-        updated element by element, each with its own race).
+        Discrete variables with a support known when the step is built
+        (scalar or vector; a vector is updated element by element, each with
+        its own race): Bernoulli, Categorical (OrderedLogistic and
+        OrderedProbit are Categoricals), DiscreteUniform, Binomial,
+        BetaBinomial, HyperGeometric, and Truncated with an upper bound, with
+        bounds that do not depend on other free variables and at most
+        :data:`~pymc_subsample.support.MAX_CATEGORIES` values
+        (:func:`~pymc_subsample.support.discrete_support`). Others are
+        refused, naming the variable and the fix.
     delta : float
         Error allowed per draw, in (0, 1).
     bound : {"normal", "ebs", "lilucb", "exact"}
@@ -275,10 +261,9 @@ class SubsampledCategoricalGibbs(RacingStep):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
         )
-        self.n_categories = [_n_categories(self.model, v, self.initial_point) for v in self.vars]
-        self._values = [
-            np.arange(k, dtype=v.dtype) for k, v in zip(self.n_categories, self.vars, strict=True)
-        ]
+        #: Each variable's candidate values (its support); a race's winner is an index into them.
+        self._values = [discrete_support(self.model, v, self.initial_point) for v in self.vars]
+        self.n_categories = [len(values) for values in self._values]
         #: One scalar variable: the lean path (:meth:`_lean_step`) can draw it.
         self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
         self._lone_name = self.vars[0].name
@@ -579,7 +564,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                             decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
                         self._record_audit(decision == value)
                         agree &= decision == value
-                flat[k] = value
+                flat[k] = values[value]  # the winner is an index into the values
                 current[j] = flat.reshape(current[j].shape)
                 point[var.name] = current[j]
                 n_evals += res.n_evaluations
@@ -695,6 +680,24 @@ class SubsampledCategoricalGibbs(RacingStep):
             (log_f0 + noise) / n_obs, totals,
         )  # fmt: skip
         return res.winner, res
+
+    def data_changed(self) -> None:
+        """Take up new data values; refuse new values that change a variable's support.
+
+        Bounds in ``pm.Data`` (e.g. ``pm.DiscreteUniform("s", 0, T)``) are read
+        when the step is built, and its races are planned for that many
+        candidates: build a new step when they change.
+        """
+        for var, values in zip(self.vars, self._values, strict=True):
+            now = discrete_support(self.model, var, self.initial_point)
+            if not np.array_equal(now, values):
+                raise ValueError(
+                    f"the new data change the support of {var.name!r} from "
+                    f"{values[0]}..{values[-1]} to {now[0]}..{now[-1]}: "
+                    "SubsampledCategoricalGibbs enumerates the support read when it was built; "
+                    "build a new step for the new data"
+                )
+        super().data_changed()
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state, the lean path's buffers included."""
