@@ -58,6 +58,14 @@ def data_warnings(record):
     return [w for w in record if "the data changed" in str(w.message)]
 
 
+def sample_recording(step, **kwargs):
+    """``pm.sample`` with ``step``; return the draws and the data-change warnings."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        idata = pm.sample(step=[step], **kwargs, **SAMPLE)
+    return idata, data_warnings(record)
+
+
 def test_metropolis_takes_up_new_values_of_the_same_length():
     x, y = regression_data(2000, 0.2, 0.5, seed=0)
     x_new, y_new = regression_data(2000, -0.3, -0.5, seed=1)
@@ -67,9 +75,9 @@ def test_metropolis_takes_up_new_values_of_the_same_length():
         first = pm.sample(step=[step], tune=300, draws=500, random_seed=1, **SAMPLE)
         assert_regression_posterior(first, x, y)
         pm.set_data({"x": x_new, "y_data": y_new})
-        with pytest.warns(UserWarning, match="the data changed"):
-            second = pm.sample(step=[step], tune=300, draws=500, random_seed=2, **SAMPLE)
+        second, seen = sample_recording(step, tune=300, draws=500, random_seed=2)
     assert_regression_posterior(second, x_new, y_new)
+    assert len(seen) == 1 and "2000 -> 2000" in str(seen[0].message)
 
 
 def test_metropolis_takes_up_new_data_of_a_new_length():
@@ -84,10 +92,10 @@ def test_metropolis_takes_up_new_data_of_a_new_length():
         step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
         pm.sample(step=[step], tune=200, draws=100, random_seed=1, **SAMPLE)
         pm.set_data({"x": x_new, "y_data": y_new})
-        with pytest.warns(UserWarning, match="2000 -> 3000"):
-            idata = pm.sample(step=[step], tune=300, draws=500, random_seed=2, **SAMPLE)
-    assert step.terms.n_obs == 3000
+        idata, seen = sample_recording(step, tune=300, draws=500, random_seed=2)
     assert_regression_posterior(idata, x_new, y_new)
+    assert len(seen) == 1 and "2000 -> 3000" in str(seen[0].message)
+    assert step.terms.n_obs == 3000
 
 
 def selector_model(y):
@@ -124,9 +132,9 @@ def test_gibbs_takes_up_new_data_of_a_new_length():
         first = pm.sample(step=[step], tune=50, draws=1000, random_seed=1, **SAMPLE)
         assert_selector_frequencies(first.posterior["q"].values.ravel(), y, step.delta)
         pm.set_data({"y_data": y_new})
-        with pytest.warns(UserWarning, match="2000 -> 3000"):
-            second = pm.sample(step=[step], tune=50, draws=1000, random_seed=2, **SAMPLE)
+        second, seen = sample_recording(step, tune=50, draws=1000, random_seed=2)
     assert_selector_frequencies(second.posterior["q"].values.ravel(), y_new, step.delta)
+    assert len(seen) == 1 and "2000 -> 3000" in str(seen[0].message)
 
 
 def test_one_warning_per_change_and_none_without():
@@ -150,8 +158,9 @@ def test_one_warning_per_change_and_none_without():
     [only] = draws(5)
     assert "y_data" in str(only.message) and "2000 -> 2000" in str(only.message)
     assert draws(5) == []
+    x_new, y_new = regression_data(2500, 0.2, 0.5, seed=2)
     with model:
-        pm.set_data(dict(zip(["x", "y_data"], regression_data(2500, 0.2, 0.5, seed=2))))
+        pm.set_data({"x": x_new, "y_data": y_new})
     [only] = draws(5)
     assert all(name in str(only.message) for name in ("x", "y_data", "2000 -> 2500"))
     assert step.terms.n_obs == 2500
