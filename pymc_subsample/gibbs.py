@@ -589,12 +589,13 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     # -- compiled races -------------------------------------------------------------
 
-    def _data_taken_up(self, point) -> None:
-        """Drop the expansion's sums (renew the reference) and plan compiled races: new data."""
+    def _data_taken_up(self, point, resized: bool) -> None:
+        """Drop the expansion's sums (renew the reference); plan compiled races for a new N."""
         self._lean_offsets = None  # (log f0 + noise) / N
         if self.control_variates:
             self._renew_reference(point)
-        self._plan_compiled(point)
+        if resized:
+            self._plan_compiled(point)
 
     def _plan_compiled(self, point=None) -> None:
         """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.

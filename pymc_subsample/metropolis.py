@@ -378,7 +378,7 @@ class RacingMetropolis(RacingStep):
         self.steps_until_tune = self.tune_interval
         self.accepted_sum = np.zeros(self.dim if self.elemwise else 1, dtype=int)
 
-    def _data_taken_up(self, point) -> None:
+    def _data_taken_up(self, point, resized: bool) -> None:
         """Drop the surrogate and mass matrix (refitted at the next step): new data.
 
         The Langevin gradient's batch is set again for the new :math:`N`.

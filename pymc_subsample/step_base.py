@@ -319,8 +319,10 @@ class RacingStep(BlockedStep):
         :math:`N`, the row permutation and its copies
         (:meth:`ObservationTerms.take_up_data
         <pymc_subsample.graph.ObservationTerms.take_up_data>`), ``shuffle_every``
-        when "auto", the back-off, the race plan (:meth:`_replan_races`) and,
-        in :meth:`_data_taken_up`, what the subclass fitted to the old data.
+        when "auto", the back-off, the race plan (:meth:`_replan_races`; for a
+        new :math:`N` only: the plan depends on :math:`N` and the cost of a
+        term, not on the values) and, in :meth:`_data_taken_up`, what the
+        subclass fitted to the old data.
         With ``warn``, says so in a ``UserWarning``.
 
         Raises
@@ -334,8 +336,10 @@ class RacingStep(BlockedStep):
             self.shuffle_every = max(1, new_n // SHUFFLE_DIVISOR)
         self._backoff.reset()
         self._shuffle()
-        self._replan_races(point)
-        self._data_taken_up(point)
+        resized = new_n != old_n
+        if resized:
+            self._replan_races(point)
+        self._data_taken_up(point, resized)
         if warn:
             warnings.warn(
                 f"{type(self).__name__}: the data changed since it last read them "
@@ -346,8 +350,8 @@ class RacingStep(BlockedStep):
                 stacklevel=3,
             )
 
-    def _data_taken_up(self, point) -> None:
-        """Drop or refit what the subclass derived from the old data (nothing here)."""
+    def _data_taken_up(self, point, resized: bool) -> None:
+        """Drop or refit what the subclass derived from the old data (``resized``: new N)."""
 
     def _shuffle(self) -> None:
         self.terms.shuffle(self.rng)

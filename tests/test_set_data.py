@@ -204,3 +204,24 @@ def test_data_changed_takes_up_new_data_at_once():
         point, _ = step.step(point)
     assert data_warnings(record) == []  # taken up already: nothing left to warn about
     assert step.surrogate is not None
+
+
+def test_compiled_gibbs_race_takes_up_new_data_of_a_new_length():
+    """A lone scalar at N >= 10^4 races in one compiled call, built for N: rebuilt for the new."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(1.5, 1.0, size=10_000)
+    y_new = np.concatenate([rng.normal(1.5, 1.0, size=10_000), rng.normal(2.1, 1.0, size=5_000)])
+    model = selector_model(y)
+    with model:
+        # a fixed plan that races (the "auto" one decides these cheap terms exactly)
+        step = SubsampledCategoricalGibbs(
+            [model["q"]], rng=0, exact_fraction=0.25, batch_size=500, delta=0.01
+        )
+        assert step._compiled
+        pm.sample(step=[step], tune=0, draws=50, random_seed=1, **SAMPLE)
+        pm.set_data({"y_data": y_new})
+        idata, seen = sample_recording(step, tune=0, draws=1000, random_seed=2)
+    assert_selector_frequencies(idata.posterior["q"].values.ravel(), y_new, step.delta)
+    assert len(seen) == 1 and "10000 -> 15000" in str(seen[0].message)
+    assert step._compiled and step._compiled_race.n_obs == 15_000
+    assert idata.sample_stats["n_raced"].values.sum() > 0  # the compiled race ran
