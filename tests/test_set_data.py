@@ -225,3 +225,32 @@ def test_compiled_gibbs_race_takes_up_new_data_of_a_new_length():
     assert len(seen) == 1 and "10000 -> 15000" in str(seen[0].message)
     assert step._compiled and step._compiled_race.n_obs == 15_000
     assert idata.sample_stats["n_raced"].values.sum() > 0  # the compiled race ran
+
+
+def test_gibbs_control_variates_drop_their_sums_on_new_values():
+    """The expansion's cached sums at the reference were of the old data: new values, same N."""
+    rng = np.random.default_rng(6)
+    y, y_new = rng.normal(1.5, 1.0, size=2000), rng.normal(1.7, 1.0, size=2000)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        q = pm.Categorical("q", p=np.full(len(GRID), 1.0 / len(GRID)))
+        pm.Normal("y", pt.as_tensor(GRID)[q], sigma, observed=y_data)
+        # races on the whole schedule, so that the control variates are read
+        step = SubsampledCategoricalGibbs(
+            [q], rng=0, control_variates=True, exact_fraction=1.0, batch_size=100, delta=0.01
+        )
+    point = model.initial_point()
+    point["sigma_log__"] = np.array(0.0)  # sigma = 1, held: draws from the conditional of q
+    for _ in range(20):
+        point, _ = step.step(point)
+    with model:
+        pm.set_data({"y_data": y_new})
+    draws = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(400):
+            point, _ = step.step(point)
+            draws.append(int(point["q"]))
+    assert_selector_frequencies(np.array(draws), y_new, step.delta)
+    assert len(data_warnings(record)) == 1
