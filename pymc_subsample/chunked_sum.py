@@ -70,6 +70,13 @@ class ChunkedSum:
         row_bytes = sum(r.itemsize * int(np.prod(r.shape[1:])) for r in rows)
         return max(1024, CHUNK_BYTES // max(row_bytes, 1))
 
+    def reset(self) -> None:
+        """Set the chunk length again at the next call (new rows: another population).
+
+        A compiled loop is kept: it sums any number of rows.
+        """
+        self._chunk = None
+
     def __call__(
         self, cands: Sequence[np.ndarray], rows: Sequence[np.ndarray], others: Sequence
     ) -> np.ndarray:
@@ -83,7 +90,7 @@ class ChunkedSum:
         if self._chunk is None:
             self._chunk = self.chunk_rows(rows)
             jit_fn = getattr(getattr(self.fn, "vm", None), "jit_fn", None)
-            if jit_fn is not None and len(rows[0]) > 4 * self._chunk:
+            if jit_fn is not None and len(rows[0]) > 4 * self._chunk and self._driver is None:
                 self._driver = _driver(jit_fn, *self._shape)
         if self._driver is None:  # one call: a small population, or not compiled by Numba
             return np.asarray(self.fn(*cands, *rows, *others), dtype=np.float64)

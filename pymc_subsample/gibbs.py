@@ -576,7 +576,15 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     # -- compiled races -------------------------------------------------------------
 
-    def _plan_compiled(self) -> None:
+    def _data_taken_up(self, point, resized: bool) -> None:
+        """Drop the expansion's sums (renew the reference); plan compiled races for a new N."""
+        self._lean_offsets = None  # (log f0 + noise) / N
+        if self.control_variates:
+            self._renew_reference(point)
+        if resized:
+            self._plan_compiled(point)
+
+    def _plan_compiled(self, point=None) -> None:
         """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.
 
         A compiled look costs a few microseconds where a Python one costs tens,
@@ -584,14 +592,15 @@ class SubsampledCategoricalGibbs(RacingStep):
         looks, are chosen again by timing compiled ones
         (:func:`~pymc_subsample.cost.compiled_look_cost`), whatever the Python
         timing chose (even deciding at once), when the compiled race applies
-        with the new plan.
+        with the new plan. Timed and warmed up at ``point`` (default: the
+        initial point).
         """
         self._compiled = False
         if not self._compiled_structure() or self._sparse_differences():
             return
         terms = self.terms
         n_cat, n_obs = self.n_categories[0], terms.n_obs
-        point = self.initial_point
+        point = self.initial_point if point is None else point
         others = tuple(terms.other_arrays(point))
         if any(self._auto_plan) and self._exact_seconds is not None:
             before = (self.batch_size, self.exact_switch, self.race_config)

@@ -269,7 +269,8 @@ class ObservationTerms:
         self._observed_rvs = per_obs_rvs
 
         value_vars = model.value_vars
-        lengths = self._lengths(model, per_obs, value_vars, point, compile_kwargs)
+        self._value_vars = value_vars
+        lengths = self._lengths(model, per_obs, point, compile_kwargs)
         if len(set(lengths)) > 1:
             detail = ", ".join(f"{o} has {n}" for o, n in zip(observed, lengths, strict=True))
             raise ModelSplitError(
@@ -289,6 +290,10 @@ class ObservationTerms:
         self._reject_numpy_inputs(loglik, observed)
         self._mixing = find_row_mixing(loglik, self.data)
         self._reject_row_mixing(names)
+        shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
+        #: every pm.Data input of the terms, the per-observation ones first (:meth:`data_unchanged`)
+        self.watched = self.data + [v for v in shared if v not in self.data]
+        self._watch_data()
 
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
@@ -378,12 +383,15 @@ class ObservationTerms:
                 f"pm.Normal('{rv.name}', ..., observed=y))"
             )
 
-    @staticmethod
-    def _lengths(model, per_obs, value_vars, point, compile_kwargs) -> list[int]:
-        fn = model.compile_fn(
-            [lp.shape[0] for lp in per_obs], inputs=value_vars, point_fn=False, **compile_kwargs
+    def _lengths(self, model, per_obs, point, compile_kwargs) -> list[int]:
+        """Return the observed variables' numbers of observations (kept: data may change)."""
+        self._lengths_fn = model.compile_fn(
+            [lp.shape[0] for lp in per_obs],
+            inputs=self._value_vars,
+            point_fn=False,
+            **compile_kwargs,
         )
-        return [int(n) for n in fn(*[point[v.name] for v in value_vars])]
+        return [int(n) for n in self._lengths_fn(*[point[v.name] for v in self._value_vars])]
 
     def _find_data(self, model, loglik, data, observed) -> list:
         shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
@@ -533,6 +541,88 @@ class ObservationTerms:
             np.asarray(point[n], dtype=d)
             for n, d in zip(self._input_names, self._input_dtypes, strict=True)
         ]
+
+    # -- data set with pm.set_data ------------------------------------------------
+
+    def _watch_data(self) -> None:
+        """Remember the array behind every watched input (held: an id could be reused)."""
+        self._watch = tuple((v.container.storage, v.get_value(borrow=True)) for v in self.watched)
+
+    def data_unchanged(self) -> bool:
+        """Return True when every pm.Data input still holds the array the terms last took up.
+
+        ``pm.set_data`` (``set_value``) puts a new array behind the input, so
+        an identity test per input sees it (a fraction of a microsecond);
+        writing into the array in place is not seen (call the step's
+        ``data_changed`` then).
+        """
+        for storage, seen in self._watch:
+            if storage[0] is not seen:
+                return False
+        return True
+
+    def take_up_data(self, point: dict) -> tuple[list[str], int, int]:
+        r"""Take up the current values of the pm.Data inputs: :math:`N` and the permuted copies.
+
+        The compiled functions read the rows as inputs (or the shared
+        copies), so nothing is compiled again; :math:`N` is read from the
+        likelihood's shape at ``point`` (a full point of the model). The
+        permuted copies hold the new rows in data order until the next
+        :meth:`shuffle`.
+
+        Returns
+        -------
+        tuple
+            ``(changed, old_n, new_n)``: names of the inputs whose array
+            changed, :math:`N` before and after.
+
+        Raises
+        ------
+        ValueError
+            When the per-observation inputs no longer have one common number
+            of rows, or the likelihood cannot be evaluated on the new data;
+            the terms are left as they were.
+        """
+        changed = [
+            v.name
+            for v, (storage, seen) in zip(self.watched, self._watch, strict=True)
+            if storage[0] is not seen
+        ]
+        rows = {d.name: int(np.shape(d.get_value(borrow=True))[0]) for d in self.data}
+        old_n = self.n_obs
+        if len(set(rows.values())) > 1:
+            detail = ", ".join(f"{name} has {n}" for name, n in rows.items())
+            moved = [name for name, n in rows.items() if n != old_n]
+            raise ValueError(
+                f"the per-observation data inputs of {', '.join(self.observed)} no longer have "
+                f"one number of rows ({detail}; they had {old_n}): {moved} changed length "
+                "alone. Set every one of them to the new number of observations, in one "
+                "pm.set_data({...}) call, before sampling"
+            )
+        try:
+            lengths = self._lengths_fn(*[point[v.name] for v in self._value_vars])
+        except Exception as err:
+            raise ValueError(
+                f"the likelihood of {', '.join(self.observed)} cannot be evaluated on the new "
+                f"data ({type(err).__name__}: {err}); the step cannot take them up"
+            ) from err
+        new_n = next(iter(rows.values()))
+        if any(int(n) != new_n for n in lengths):
+            raise ValueError(
+                f"the likelihood of {', '.join(self.observed)} has {[int(n) for n in lengths]} "
+                f"observations, but its per-observation data inputs "
+                f"{[d.name for d in self.data]} have {new_n} rows: the number of observations "
+                "is fixed somewhere else in the model (a shape= or dims length); the step "
+                "cannot take up the new data"
+            )
+        self.n_obs = new_n
+        self._perm = np.arange(new_n)
+        for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
+            p.set_value(d.get_value(borrow=True), borrow=True)
+        self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
+        self._sum_rows.reset()
+        self._watch_data()
+        return changed, old_n, new_n
 
     def shuffle(self, rng: np.random.Generator) -> None:
         """Redraw the row permutation behind :meth:`loglik_batch` (one pass over the data).

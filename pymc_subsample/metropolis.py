@@ -278,6 +278,7 @@ class RacingMetropolis(RacingStep):
             self.covariance = 0.5 * (cov + cov.T)
         n_obs = self.terms.n_obs
         self._plan_races(exact_fraction, 2)
+        self._gradient_batch = gradient_batch
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
         self.target_accept = 0.36 if target_accept is None else float(target_accept)
         if not 0.0 < self.target_accept < 1.0:
@@ -356,8 +357,8 @@ class RacingMetropolis(RacingStep):
         """Restore the initial scale (PyMC calls this between runs).
 
         The surrogate is kept: it depends on the data only, so later chains
-        reuse it; each chain still starts its tuning at its own draw from the
-        Laplace approximation.
+        reuse it (new data drop it: :meth:`_data_taken_up`); each chain still
+        starts its tuning at its own draw from the Laplace approximation.
         """
         if not hasattr(self, "surrogate"):
             self.surrogate: QuadraticSurrogate | TaylorSurrogate | None = None
@@ -377,13 +378,13 @@ class RacingMetropolis(RacingStep):
         self.steps_until_tune = self.tune_interval
         self.accepted_sum = np.zeros(self.dim if self.elemwise else 1, dtype=int)
 
-    def data_changed(self) -> None:
-        """Take up new data set with ``pm.set_data`` (same :math:`N`): refit the surrogate.
+    def _data_taken_up(self, point, resized: bool) -> None:
+        """Drop the surrogate and mass matrix (refitted at the next step): new data.
 
-        The surrogate and mass matrix were fitted to the old data; they are
-        dropped and refitted at the next step.
+        The Langevin gradient's batch is set again for the new :math:`N`.
         """
-        super().data_changed()
+        n_obs = self.terms.n_obs
+        self.gradient_batch = min(int(self._gradient_batch or max(self.batch_size, 100)), n_obs)
         self.surrogate = self.coordinate_surrogate = None
         self._surrogate_failed = False
         self._chol_mass = self._inv_mass = self._chol_cov = None

@@ -168,6 +168,7 @@ class RacingStep(BlockedStep):
         self.vars = self.terms.vars
         n_obs = self.terms.n_obs
         auto_every = max(1, n_obs // SHUFFLE_DIVISOR)
+        self._auto_shuffle = auto_shuffle
         self.shuffle_every = auto_every if auto_shuffle else int(shuffle_every)
         self.blocked = blocked
         self.backoff = bool(backoff)
@@ -198,9 +199,9 @@ class RacingStep(BlockedStep):
         balances the look's fixed cost against its terms
         (:func:`~pymc_subsample.cost.choose_first_batch`), and the exact
         switch keeps a race within 20% of an exact decision
-        (:func:`~pymc_subsample.cost.choose_exact_after`).
+        (:func:`~pymc_subsample.cost.choose_exact_after`); again at new data
+        (:meth:`_replan_races`).
         """
-        n_obs = self.terms.n_obs
         auto_switch = isinstance(exact_fraction, str) and exact_fraction == "auto"
         if not auto_switch and not (
             isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0
@@ -208,12 +209,17 @@ class RacingStep(BlockedStep):
             raise ValueError(
                 f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
             )
-        cost = exact = None
         self._auto_plan = (self.batch_size is None, auto_switch)
-        if (auto_switch or self.batch_size is None) and n_obs >= 200:
-            cost, exact = self._measure(self.initial_point, n_cands)
-        self._exact_seconds = exact
         self._exact_fraction = exact_fraction
+        self._n_cands = n_cands
+        self._replan_races(self.initial_point)
+
+    def _replan_races(self, point) -> None:
+        """Time the model at ``point`` if a setting is "auto"; set the plan for :math:`N`."""
+        cost = exact = None
+        if any(self._auto_plan) and self.terms.n_obs >= 200:
+            cost, exact = self._measure(point, self._n_cands)
+        self._exact_seconds = exact
         self._choose_plan(cost)
 
     def _choose_plan(self, cost: tuple[float, float] | None) -> None:
@@ -292,18 +298,60 @@ class RacingStep(BlockedStep):
         self.n_steps = 0
         self.tune = tune > 0
         self._reset_audits()
-        self._shuffle()
+        if self.terms.data_unchanged():
+            self._shuffle()
+        # otherwise the first draw takes up the new data, and shuffles them
 
     def data_changed(self) -> None:
-        """Take up new values of the per-observation data set with ``pm.set_data``.
+        """Take up the current values of the data inputs now (:meth:`_take_up_data`).
 
-        Call it between runs after changing the values (not the number
-        :math:`N`) of the step's data inputs, e.g. to sample the same model for
-        many data sets without recompiling. The permuted copies behind
-        ``batches="windows"`` are refreshed here (as at the start of every
-        chain); subclasses also drop what they fitted to the old data.
+        Not needed after ``pm.set_data``: every draw checks that each pm.Data
+        input of the terms still holds the array the step was built on, and
+        takes up new ones itself (with a warning). Call it after writing into
+        a data array in place, which that check cannot see, or to rebuild
+        before sampling (no warning).
         """
+        self._take_up_data(self.initial_point, warn=False)
+
+    def _take_up_data(self, point, *, warn: bool) -> None:
+        """Rebuild everything that depends on the data, after ``pm.set_data``.
+
+        :math:`N`, the row permutation and its copies
+        (:meth:`ObservationTerms.take_up_data
+        <pymc_subsample.graph.ObservationTerms.take_up_data>`), ``shuffle_every``
+        when "auto", the back-off, the race plan (:meth:`_replan_races`; for a
+        new :math:`N` only: the plan depends on :math:`N` and the cost of a
+        term, not on the values) and, in :meth:`_data_taken_up`, what the
+        subclass fitted to the old data.
+        With ``warn``, says so in a ``UserWarning``.
+
+        Raises
+        ------
+        ValueError
+            When the new data cannot be taken up (per-observation inputs of
+            different lengths): the step then refuses every draw until they can.
+        """
+        changed, old_n, new_n = self.terms.take_up_data(point)
+        if self._auto_shuffle:
+            self.shuffle_every = max(1, new_n // SHUFFLE_DIVISOR)
+        self._backoff.reset()
         self._shuffle()
+        resized = new_n != old_n
+        if resized:
+            self._replan_races(point)
+        self._data_taken_up(point, resized)
+        if warn:
+            warnings.warn(
+                f"{type(self).__name__}: the data changed since it last read them "
+                f"({', '.join(changed)} set anew, e.g. by pm.set_data; N = {old_n} -> {new_n}); "
+                "it rebuilt everything that depends on them (row permutation, race plan, "
+                "fitted sums) before this draw",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _data_taken_up(self, point, resized: bool) -> None:
+        """Drop or refit what the subclass derived from the old data (``resized``: new N)."""
 
     def _shuffle(self) -> None:
         self.terms.shuffle(self.rng)
@@ -313,8 +361,12 @@ class RacingStep(BlockedStep):
         """Draw the block once; return the new point and the stats (PyMC's ``BlockedStep``).
 
         Times the draw, audits included: the ``"auto"`` rule of ``audit_every``
-        budgets the audits against this step's own time.
+        budgets the audits against this step's own time. First checks that the
+        data are those the step last read, and takes up new ones
+        (:meth:`_take_up_data`).
         """
+        if not self.terms.data_unchanged():
+            self._take_up_data(point, warn=True)
         start = time.perf_counter()
         audit = self._begin_draw()
         try:
