@@ -251,7 +251,7 @@ def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
     At fixed k, P(Binomial(n, delta) >= k) grows with n, so an agreement can
     only raise the p-value: checked on a grid, and the skipped calls counted.
     """
-    from pymc_subsample import step_base
+    from pymc_subsample import audit
 
     n = np.arange(1, 3000)
     for k in (1, 2, 5, 20, 100):
@@ -261,9 +261,9 @@ def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
     with model:
         step = SubsampledCategoricalGibbs([q], rng=0, delta=0.05)
     calls = []
-    real = step_base.stats.binom.sf
+    real = audit.stats.binom.sf
     monkeypatch.setattr(
-        step_base.stats.binom, "sf", lambda *a: calls.append(a) or real(*a), raising=True
+        audit.stats.binom, "sf", lambda *a: calls.append(a) or real(*a), raising=True
     )
     for _ in range(200):
         step._record_audit(True)
