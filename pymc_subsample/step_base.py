@@ -338,6 +338,9 @@ class RacingStep(BlockedStep):
         """
         start = time.perf_counter()
         audit = self._begin_draw()
+        if audit and self._joint_fn is None:  # compiled once, outside both clocks
+            self._compile_joint()
+            start = time.perf_counter()
         try:
             return self._draw(point, audit)
         finally:
@@ -399,10 +402,7 @@ class RacingStep(BlockedStep):
         model, whatever the race's terms; one pass over the data per candidate.
         """
         if self._joint_fn is None:
-            kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
-            self._joint_fn = self.model.compile_fn(
-                self.model.logp(), inputs=self.model.value_vars, point_fn=False, **kwargs
-            )
+            self._compile_joint()
         names = [v.name for v in self.model.value_vars]
         n_cands = len(candidates[0])
         scores = np.empty(n_cands)
@@ -412,6 +412,14 @@ class RacingStep(BlockedStep):
                 at[v.name] = c[k]
             scores[k] = float(self._joint_fn(*[at[n] for n in names]))
         return scores
+
+    def _compile_joint(self) -> None:
+        """Compile the model's joint log density for :meth:`_joint_scores`, and call it once."""
+        kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
+        model = self.model
+        fn = model.compile_fn(model.logp(), inputs=model.value_vars, point_fn=False, **kwargs)
+        fn(*[self.initial_point[v.name] for v in model.value_vars])
+        self._joint_fn = fn
 
     def _audit_batch(self, candidates, point) -> np.ndarray:
         """Raw terms of ``candidates`` on a batch as a race reads it (a private rng, not ``rng``).
