@@ -31,6 +31,7 @@ from scipy import stats
 
 __all__ = [
     "CAUSES",
+    "SCORE_RTOL",
     "SIGNIFICANCE",
     "SPARSE_SHARE",
     "diagnose",
@@ -46,7 +47,8 @@ SIGNIFICANCE = 1e-3
 SPARSE_SHARE = 0.5
 #: The causes :func:`diagnose` tells apart.
 CAUSES = ("structural", "sparse", "heavy_tails")
-#: Relative tolerance of :func:`scores_differ` (rounding of sums over many rows).
+#: Relative tolerance of :func:`scores_differ` (rounding of sums over many rows in
+#: double precision; the steps use 1e-4 for a model in single precision).
 SCORE_RTOL = 1e-8
 
 

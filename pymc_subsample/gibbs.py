@@ -472,7 +472,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             sums = totals or (lambda arms: self.terms.loglik_sum([c[arms] for c in cands], point))
             ours = np.full(len(log_f0), -np.inf)
             ours[feasible] = log_f0[feasible] + sums(feasible)
-            structural = scores_differ(ours, joint)
+            structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
         self._record_audit(agree, structural=structural, zero_share=share)
         return AUDIT_AGREE if agree else AUDIT_DISAGREE

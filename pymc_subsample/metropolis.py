@@ -861,7 +861,8 @@ class RacingMetropolis(RacingStep):
             agree = bool(log_u < joint[1] - joint[0] + extra) == bool(accepted)
         structural, share = False, None
         if not agree:
-            structural = scores_differ(log_f0 + self.terms.loglik_sum(cands, point), joint)
+            ours = log_f0 + self.terms.loglik_sum(cands, point)
+            structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
         self._record_audit(agree, structural=structural, zero_share=share)
         return agree

@@ -11,7 +11,7 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
-from .audit import diagnose, error_rate_exceeds, explain
+from .audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
 from .backoff import Backoff
 from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
 from .graph import BATCH_LAYOUTS, ObservationTerms
@@ -418,8 +418,10 @@ class RacingStep(BlockedStep):
         kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
         model = self.model
         fn = model.compile_fn(model.logp(), inputs=model.value_vars, point_fn=False, **kwargs)
-        fn(*[self.initial_point[v.name] for v in model.value_vars])
+        value = fn(*[self.initial_point[v.name] for v in model.value_vars])
         self._joint_fn = fn
+        # single precision rounds a sum over many rows far above the double one
+        self._score_rtol = SCORE_RTOL if np.asarray(value).dtype == np.float64 else 1e-4
 
     def _audit_batch(self, candidates, point) -> np.ndarray:
         """Raw terms of ``candidates`` on a batch as a race reads it (a private rng, not ``rng``).

@@ -101,6 +101,35 @@ def test_compiled_lean_path_audits_against_the_joint_density():
     assert_matches(draws[switched:], probs, len(MEANS))
 
 
+def test_change_point_races_are_found_sparse_and_then_drawn_exactly():
+    """A change point on a grid of 11 positions 2 rows apart, N = 2,000.
+
+    Candidates differ on at most 20 rows: batches of 50 rarely see them, the
+    races go wrong, the audits name sparse differences (not structural: the
+    race's own sums are the model's), and the exact draws that follow (from
+    the step's own fused sums) match enumeration. The old code warned of
+    heavy tails and kept racing.
+    """
+    rng = np.random.default_rng(0)
+    n_obs, grid = 2000, np.arange(990, 1011, 2).astype(float)
+    y = np.where(np.arange(n_obs) < 1000, 0.0, 1.0) + rng.normal(size=n_obs)
+    with pm.Model() as model:
+        index = pm.Data("index", np.arange(n_obs, dtype=float))
+        y_data = pm.Data("y_data", y)
+        k = pm.Categorical("k", p=np.full(len(grid), 1 / len(grid)))
+        tau = pt.as_tensor(grid)[k]
+        pm.Normal("y", pt.switch(index < tau, 0.0, 1.0), 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs([k], rng=1, audit_every=1, **RACE)
+    point = model.initial_point()
+    probs = exact_conditional(model, "k", len(grid), point)
+    with pytest.warns(UserWarning, match="sparse differences"):
+        draws, st = draw_many(step, point, 500, "k")
+    assert step.audit_cause == "sparse" and not step._exact_independent
+    switched = first_exact(st)
+    assert switched <= 40 and all(s["n_raced"] == 0 for s in st[switched:])
+    assert_matches(draws[switched:], probs, len(grid))
+
+
 def test_audits_off_never_switch():
     """``audit_every=0``: the same fault goes unseen (no warning, no switch, no stat)."""
     model, q = selector_model(2000)
