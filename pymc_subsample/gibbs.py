@@ -10,13 +10,13 @@ so its law is within total variation :math:`\delta` of the exact conditional.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 
+from .audit import scores_differ, zero_difference_share
 from .cost import compiled_look_cost
 from .graph import prior_points
 from .racing import RaceResult, sample_categorical
+from .racing.common import argmax_or_raise
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .racing.race import sparse_arms
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -37,7 +37,13 @@ LONE_KEY = (0, 0)
 
 
 def _draw_stats(
-    n_evals: int, budget: int, n_rounds: int, exhausted: bool, n_raced: int, audit_agree: int
+    n_evals: int,
+    budget: int,
+    n_rounds: int,
+    exhausted: bool,
+    n_raced: int,
+    audit_agree: int,
+    audit_exact: bool = False,
 ) -> dict:
     """Sampler stats of one draw (see ``SubsampledCategoricalGibbs.stats_dtypes_shapes``)."""
     return {
@@ -47,6 +53,7 @@ def _draw_stats(
         "exhausted": exhausted,
         "n_raced": n_raced,
         "audit_agree": audit_agree,
+        "audit_exact": audit_exact,
     }
 
 
@@ -97,8 +104,14 @@ class SubsampledCategoricalGibbs(RacingStep):
         Every ``audit_every``-th draw also computes the exact decision for the
         same Gumbel noise and records ``audit_agree``; 0 turns audits off.
         ``"auto"`` (default) audits within a budget of 5% of the step's own time
-        (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
-        the audited error rate is significantly above ``delta``.
+        (:class:`~pymc_subsample.step_base.RacingStep`). The exact decision is
+        Gumbel-max on the model's own joint log density at each value, on the
+        original data (independent of the race's terms). When the audited
+        error rate is significantly above ``delta`` the step warns, naming the
+        likely cause (structural or stale terms, sparse differences, heavy
+        tails: :func:`~pymc_subsample.audit.diagnose`), and draws exactly for
+        the rest of its run, from the joint log density when the race's own
+        sums were found not to be the model's.
     reward_range : float, optional
         A bound on the range of :math:`\log f_n(i)` over observations, used by
         ``"ebs"`` and ``"lilucb"`` and as Racing-Normal's rare-event floor.
@@ -205,9 +218,10 @@ class SubsampledCategoricalGibbs(RacingStep):
     evaluated, summed over the elements updated), ``frac_evals``
     (``n_evals / (N * D * n_elements)``), ``n_rounds`` (race looks),
     ``exhausted`` (some race needed all :math:`N`), ``n_raced`` (elements
-    drawn by a race rather than exactly, see ``backoff``), and ``audit_agree``
+    drawn by a race rather than exactly, see ``backoff``), ``audit_agree``
     (1: the audited draw agreed with the exact decision for every element
-    raced, 0: it did not, -1: not audited).
+    raced, 0: it did not, -1: not audited) and ``audit_exact`` (the draw was
+    exact because audits had found the races wrong, see ``audit_every``).
     """
 
     name = "subsampled_categorical_gibbs"
@@ -218,6 +232,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         "exhausted": (bool, []),
         "n_raced": (np.int64, []),
         "audit_agree": (np.int8, []),
+        "audit_exact": (bool, []),
     }
 
     def __init__(
@@ -366,6 +381,8 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     def _draw(self, point, audit):
         """Redraw every element of the block; return the new point and the stats."""
+        if self._exact_independent:  # audits found our terms wrong: the model's joint density
+            return self._step(dict(point), audit)
         # exact draws (back-off ones too) need no audit nor control variates: the lean path
         # takes them, and every draw of a compiled race, audited or not
         if self._compiled or (
@@ -398,6 +415,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         at = self._lean_next(n_cat)
         noise = self._lean_noise[at]
         verdict = AUDIT_NOT_RUN
+        exact_mode = self.audit_exact  # as at the draw's start
         if self.decides_exactly or self._backoff.take(LONE_KEY):
             n_raced = 0
             value, n_evals, n_rounds, exhausted = self._lean_exact(log_f0, noise, point)
@@ -412,17 +430,45 @@ class SubsampledCategoricalGibbs(RacingStep):
             value, n_evals, n_rounds, exhausted, totals = self._lean_race(offsets, point)
             # did it pay, or did most candidates reach the exact pass?
             self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
-            if audit:  # the exact decision for the same noise
-                # from the race's own sums it is free, and not timed: it would set the
-                # fastest audit, which caps what the dear ones are charged
-                with self._audit_clock() if totals is None else nullcontext():
-                    agree = self._lean_exact(log_f0, noise, point, totals)[0] == value
-                self._record_audit(agree)
-                verdict = AUDIT_AGREE if agree else AUDIT_DISAGREE
+            if audit:  # the exact decision for the same noise, from the model's joint density
+                sums = None if totals is None else lambda arms: totals[arms]
+                verdict = self._audit(value, [self._values[0]], log_f0, noise, point, sums)
         point = dict(point)
         point[self._lone_name] = self._lone_points[value].copy()
-        stats = _draw_stats(n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict)
+        stats = _draw_stats(
+            n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict, exact_mode
+        )
         return point, [stats]
+
+    def _audit(self, value, cands, log_f0, noise, point, totals=None) -> int:
+        r"""Audit a raced draw ``value``; return its ``audit_agree`` verdict.
+
+        The exact draw for the same Gumbel noise is :math:`\arg\max_i` of the
+        model's joint log density at value :math:`i` plus the noise
+        (:meth:`_joint_scores`). At a disagreement, what the cause takes is
+        measured too: the exact scores from the race's own sums (``totals``,
+        the race's when it computed them all, else one fused pass) against the
+        joint ones, and the share of zero differences on a batch.
+        """
+        with self._audit_clock():
+            joint = self._joint_scores(cands, point)
+            agree = argmax_or_raise(joint + noise) == value
+        structural, share = False, None
+        if not agree:
+            feasible = np.flatnonzero(np.isfinite(log_f0))
+            sums = totals or (lambda arms: self.terms.loglik_sum([c[arms] for c in cands], point))
+            ours = np.full(len(log_f0), -np.inf)
+            ours[feasible] = log_f0[feasible] + sums(feasible)
+            structural = scores_differ(ours, joint, self._score_rtol)
+            share = zero_difference_share(self._audit_batch(cands, point))
+        self._record_audit(agree, structural=structural, zero_share=share)
+        return AUDIT_AGREE if agree else AUDIT_DISAGREE
+
+    def _joint_draw(self, cands, noise, point, n_obs):
+        """Exact Gumbel-max draw on the model's joint log density (:meth:`_joint_scores`)."""
+        score = self._joint_scores(cands, point) + noise
+        value = argmax_or_raise(score)
+        return value, RaceResult(value, n_obs * len(score), 1, True, n_obs, score / n_obs)
 
     def _lean_exact(self, log_f0, noise, point, totals=None):
         """Exact Gumbel-max draw of a lone scalar: ``(value, n_evals, n_rounds, exhausted)``.
@@ -506,6 +552,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._renew_on_next_draw = False
         terms = self.terms
         n_obs = terms.n_obs
+        exact_mode = self.audit_exact  # as at the draw's start
         n_evals = n_rounds = budget = n_raced = 0
         exhausted = False
         agree = True
@@ -540,7 +587,9 @@ class SubsampledCategoricalGibbs(RacingStep):
                 exact = self.decides_exactly or self._backoff.take((j, k))
                 if self.control_variates and not exact:
                     rewards, totals, offsets = self._residual_race(j, k, cands, point, log_f0)
-                if exact:  # Gumbel-max on the fused totals
+                if exact and self._exact_independent:  # our terms were found wrong
+                    value, res = self._joint_draw(cands, noise, point, n_obs)
+                elif exact:  # Gumbel-max on the fused totals
                     value, res = self._exact_draw(log_f0, raw_totals, noise, n_obs)
                 else:
                     n_raced += 1
@@ -560,10 +609,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                     # did it pay, or did most candidates reach the exact pass?
                     self._backoff.record((j, k), res.n_evaluations, n_obs * n_cat)
                     if audit:
-                        with self._audit_clock():
-                            decision, _ = self._exact_draw(log_f0, raw_totals, noise, n_obs)
-                        self._record_audit(decision == value)
-                        agree &= decision == value
+                        verdict = self._audit(value, cands, log_f0, noise, point)
+                        agree &= verdict == AUDIT_AGREE
                 flat[k] = values[value]  # the winner is an index into the values
                 current[j] = flat.reshape(current[j].shape)
                 point[var.name] = current[j]
@@ -572,7 +619,8 @@ class SubsampledCategoricalGibbs(RacingStep):
                 exhausted |= res.exhausted
                 budget += n_obs * n_cat
         verdict = (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
-        return point, [_draw_stats(n_evals, budget, n_rounds, exhausted, n_raced, verdict)]
+        stats = _draw_stats(n_evals, budget, n_rounds, exhausted, n_raced, verdict, exact_mode)
+        return point, [stats]
 
     # -- compiled races -------------------------------------------------------------
 

@@ -21,9 +21,10 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
+from .audit import scores_differ, zero_difference_share
 from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
-from .racing import IndexStream, mh_test, race_exact
+from .racing import IndexStream, mh_test
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 from .surrogate import CoordinateSurrogate, QuadraticSurrogate, TaylorSurrogate, stencil_points
 
@@ -110,8 +111,14 @@ class RacingMetropolis(RacingStep):
         Every ``audit_every``-th draw also makes the exact decisions for the same
         proposals and :math:`u` (0: never). ``"auto"`` (default) audits within a
         budget of 5% of the step's own time
-        (:class:`~pymc_subsample.step_base.RacingStep`); the step warns when
-        the audited error rate is significantly above ``delta``.
+        (:class:`~pymc_subsample.step_base.RacingStep`). The exact decision
+        compares :math:`\log u` with the difference of the model's own joint log
+        density (on the original data, independent of the race's terms) at
+        the proposal and the current point, plus :math:`c`. When the audited
+        error rate is significantly above ``delta`` the step warns, naming the
+        likely cause (:func:`~pymc_subsample.audit.diagnose`), and decides
+        exactly for the rest of its run, from the joint log density when the
+        race's own sums were found not to be the model's.
     reward_range : float, optional
         Bound on the range of the raced rewards (see
         :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
@@ -171,7 +178,8 @@ class RacingMetropolis(RacingStep):
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``n_raced`` (decisions raced; the
     others were made exactly by the back-off), ``audit_agree`` (1/0, −1 when not
-    audited) and ``tune``.
+    audited), ``audit_exact`` (the draw's decisions were exact because audits had
+    found the races wrong) and ``tune``.
     """
 
     name = "racing_metropolis"
@@ -187,6 +195,7 @@ class RacingMetropolis(RacingStep):
         "n_wrong": (np.int64, []),
         "n_raced": (np.int64, []),
         "audit_agree": (np.int8, []),
+        "audit_exact": (bool, []),
         "tune": (bool, []),
     }
 
@@ -698,6 +707,7 @@ class RacingMetropolis(RacingStep):
 
         With ``elemwise``, one random-walk decision per dimension, in random order.
         """
+        exact_mode = self.audit_exact  # as at the draw's start
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
         log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0, "raced": 0}
@@ -742,8 +752,9 @@ class RacingMetropolis(RacingStep):
             "n_wrong": log["wrong"],
             "n_raced": log["raced"],
             "audit_agree": (AUDIT_DISAGREE if log["wrong"] else AUDIT_AGREE)
-            if audit
+            if log["audited"]
             else AUDIT_NOT_RUN,
+            "audit_exact": exact_mode,
             "tune": self.tune,
         }
         if self.tune:
@@ -768,6 +779,13 @@ class RacingMetropolis(RacingStep):
         log_u = float(np.log(self.rng.random()))
         if not (np.isfinite(log_f0[1]) and np.isfinite(extra)):
             return False, 0.0
+        if self._exact_independent:  # audits found our terms wrong: the model's joint density
+            joint = self._joint_scores(cands, point)
+            log_alpha = float(joint[1] - joint[0] + extra)
+            log_alpha = -np.inf if np.isnan(log_alpha) else log_alpha
+            log["n_evals"] += 2 * n_obs
+            log["exhausted"] = True
+            return bool(log_u < log_alpha), float(np.exp(min(0.0, log_alpha)))
         exact_part = log_f0[1] - log_f0[0] + extra
         sur = self.surrogate if self.control_variates else None
         spent = [0]  # terms evaluated, stencil included
@@ -824,13 +842,31 @@ class RacingMetropolis(RacingStep):
         log["n_evals"] += spent[0]
         log["exhausted"] |= res.exhausted
         if audit and config is not None:
-            with self._audit_clock():
-                exact = race_exact(rewards, 2, n_obs, np.array([log_u, exact_part]) / n_obs, sums)
-            agree = exact.winner == res.winner
-            self._record_audit(agree)
+            agree = self._audit(decision.accepted, cands, log_f0, extra, log_u, point)
             log["audited"] += 1
             log["wrong"] += int(not agree)
         return decision.accepted, decision.accept_probability
+
+    def _audit(self, accepted, cands, log_f0, extra, log_u, point) -> bool:
+        r"""Audit a raced decision ``accepted``; return True when it agrees with exact MH.
+
+        Exact MH for the same :math:`u` accepts iff :math:`\log u < \ell(\theta') -
+        \ell(\theta) + c`, with :math:`\ell` the model's joint log density on the
+        original data (:meth:`_joint_scores`), independent of the race's terms.
+        At a disagreement, what the cause takes is measured too: the exact
+        scores from the race's own sums (one fused pass) against the joint
+        ones, and the share of zero differences on a batch.
+        """
+        with self._audit_clock():
+            joint = self._joint_scores(cands, point)
+            agree = bool(log_u < joint[1] - joint[0] + extra) == bool(accepted)
+        structural, share = False, None
+        if not agree:
+            ours = log_f0 + self.terms.loglik_sum(cands, point)
+            structural = scores_differ(ours, joint, self._score_rtol)
+            share = zero_difference_share(self._audit_batch(cands, point))
+        self._record_audit(agree, structural=structural, zero_share=share)
+        return agree
 
     def _fall_back_to_random_walk(self, rate: float) -> None:
         """Replace an HMC proposal that the exact test nearly never accepts by a random walk.

@@ -10,8 +10,8 @@ import numpy as np
 from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
-from scipy import stats
 
+from .audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
 from .backoff import Backoff
 from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
 from .graph import BATCH_LAYOUTS, ObservationTerms
@@ -78,7 +78,14 @@ class RacingStep(BlockedStep):
         as an exact decision and rare when it costs much less; either way they
         take about 5% of the step's time, however expensive the steps beside
         it. Audits read no random numbers: they change the ``audit_agree``
-        stats, never the draws.
+        stats, never the draws, until they find the races wrong: when the
+        audited error rate is significantly above ``delta``
+        (:func:`~pymc_subsample.audit.error_rate_exceeds`), the step warns,
+        naming the likely cause (:func:`~pymc_subsample.audit.diagnose`), and
+        decides exactly for the rest of its run (:attr:`audit_exact`). The
+        exact decision an audit compares with is the model's own joint log
+        density on the original data at each candidate, not the race's terms
+        (:meth:`_joint_scores`).
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
     batches : {"random", "windows"}
@@ -154,6 +161,16 @@ class RacingStep(BlockedStep):
                 f"shuffle_every must be 'auto' or a positive integer, got {shuffle_every!r}"
             )
         self.rng = get_random_generator(rng)
+        self._compile_kwargs = dict(compile_kwargs or {})
+        self._joint_fn = None  # the model's joint log density, compiled at the first audit
+        #: True once audits found the races wrong: every later decision is exact. Kept across
+        #: chains (a fault found in one chain holds in the next).
+        self.audit_exact = False
+        #: True when those exact decisions take the joint log density, the race's own terms
+        #: having been found not to be the model's (a "structural" cause).
+        self._exact_independent = False
+        #: The cause the audits named when they switched (:data:`~pymc_subsample.audit.CAUSES`).
+        self.audit_cause: str | None = None
         if initial_point is None:
             initial_point = self.model.initial_point()
         self.initial_point = initial_point
@@ -260,8 +277,12 @@ class RacingStep(BlockedStep):
 
     @property
     def decides_exactly(self) -> bool:
-        """True when every decision is made exactly (``bound="exact"`` or an immediate switch)."""
-        return self.bound == "exact" or self.exact_switch.decides_at_once
+        """True when every decision is made exactly.
+
+        ``bound="exact"``, an immediate switch, or audits that found the races
+        wrong (:attr:`audit_exact`).
+        """
+        return self.bound == "exact" or self.exact_switch.decides_at_once or self.audit_exact
 
     def _measure(self, point, n_cands: int) -> tuple[tuple[float, float], float]:
         """Time batch and exact evaluations at ``point``: ``((a, b), exact_seconds)``."""
@@ -369,6 +390,9 @@ class RacingStep(BlockedStep):
             self._take_up_data(point, warn=True)
         start = time.perf_counter()
         audit = self._begin_draw()
+        if audit and self._joint_fn is None:  # compiled once, outside both clocks
+            self._compile_joint()
+            start = time.perf_counter()
         try:
             return self._draw(point, audit)
         finally:
@@ -392,9 +416,11 @@ class RacingStep(BlockedStep):
     # -- audits ----------------------------------------------------------------------
 
     def _reset_audits(self) -> None:
+        """Reset the audits' per-chain counters (not :attr:`audit_exact`, kept across chains)."""
         self.n_audits = 0
         self.n_disagreements = 0
-        self._warned = False
+        self.n_structural = 0  # audits whose exact decision from our terms was not the model's
+        self._zero_shares: list[float] = []  # batches' shares of zero differences, when wrong
         self._run_seconds = 0.0  # in this step's draws since the chain's first one
         self._audit_seconds = 0.0  # in the audits' exact passes
         self._fastest_audit = np.inf
@@ -417,27 +443,82 @@ class RacingStep(BlockedStep):
             self._fastest_audit = min(self._fastest_audit, seconds)
             self._audit_seconds += min(seconds, 3.0 * self._fastest_audit)
 
-    def _record_audit(self, agree: bool) -> None:
-        """Count an audited decision; warn once when the error rate clearly exceeds delta."""
+    def _joint_scores(self, candidates, point) -> np.ndarray:
+        r"""Return the model's joint log density at each candidate of the block, shape ``(K,)``.
+
+        The exact path of the audits, independent of the race's machinery: the
+        model's own log density (every term, Jacobians included, as
+        ``model.logp()``) on the data as they are (the ``pm.Data`` variables,
+        not the race's row-permuted copies), compiled at the first call. Scores
+        of two candidates differ by :math:`\log f_0 + \sum_n \log f_n` of the
+        model, whatever the race's terms; one pass over the data per candidate.
+        """
+        if self._joint_fn is None:
+            self._compile_joint()
+        names = [v.name for v in self.model.value_vars]
+        n_cands = len(candidates[0])
+        scores = np.empty(n_cands)
+        for k in range(n_cands):
+            at = dict(point)
+            for v, c in zip(self.vars, candidates, strict=True):
+                at[v.name] = c[k]
+            scores[k] = float(self._joint_fn(*[at[n] for n in names]))
+        return scores
+
+    def _compile_joint(self) -> None:
+        """Compile the model's joint log density for :meth:`_joint_scores`, and call it once."""
+        kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
+        model = self.model
+        fn = model.compile_fn(model.logp(), inputs=model.value_vars, point_fn=False, **kwargs)
+        value = fn(*[self.initial_point[v.name] for v in model.value_vars])
+        self._joint_fn = fn
+        # single precision rounds a sum over many rows far above the double one
+        self._score_rtol = SCORE_RTOL if np.asarray(value).dtype == np.float64 else 1e-4
+
+    def _audit_batch(self, candidates, point) -> np.ndarray:
+        """Raw terms of ``candidates`` on a batch as a race reads it (a private rng, not ``rng``).
+
+        For :func:`~pymc_subsample.audit.zero_difference_share` at a wrong decision.
+        """
+        n_obs = self.terms.n_obs
+        size = min(n_obs, max(int(self.batch_size or 50), 50))
+        rng = np.random.default_rng(self.n_audits)
+        positions = position_stream(self.terms.batches, n_obs, rng).take(size)
+        return self.terms.loglik_batch(candidates, positions, point)
+
+    def _record_audit(
+        self, agree: bool, *, structural: bool = False, zero_share: float | None = None
+    ) -> None:
+        """Count an audited decision; act when the error rate clearly exceeds delta.
+
+        ``structural``: the exact decision from the race's own terms differed
+        from the model's (:func:`~pymc_subsample.audit.scores_differ`);
+        ``zero_share``: the share of zero per-row differences on a batch
+        (:func:`~pymc_subsample.audit.zero_difference_share`), measured at
+        wrong decisions. When the error rate is significantly above delta
+        (:func:`~pymc_subsample.audit.error_rate_exceeds`), the step warns,
+        naming the cause (:func:`~pymc_subsample.audit.diagnose`), and decides
+        exactly from then on (:attr:`audit_exact`), from the model's joint log
+        density if the cause is structural.
+        """
         self.n_audits += 1
         self.n_disagreements += int(not agree)
-        if agree or self._warned:
+        self.n_structural += int(structural)
+        if zero_share is not None:
+            self._zero_shares.append(float(zero_share))
+        if agree or self.audit_exact:
             # P(Binomial(n, delta) >= k) grows with n at fixed k: an agreement cannot make
             # the test below pass, so it is run (a slow scipy call) only at disagreements
             return
         k, n = self.n_disagreements, self.n_audits
-        if stats.binom.sf(k - 1, n, self.delta) < 1e-3:
-            self._warned = True
+        if error_rate_exceeds(k, n, self.delta):
+            share = float(np.mean(self._zero_shares)) if self._zero_shares else None
+            cause = diagnose(self.n_structural, share)
+            self.audit_cause = cause
+            self.audit_exact = True
+            self._exact_independent = cause == "structural"
             warnings.warn(
-                f"{type(self).__name__}: {k} of {n} audited decisions differed from the exact "
-                f"ones, significantly more than delta={self.delta:g}: the draws are not "
-                "within delta of exact ones. The normal approximation fails on these "
-                "likelihood terms (heavy tails or rare large terms). Change a setting of this "
-                "step: a larger batch_size (e.g. batch_size=500), bound='ebs' with "
-                "reward_range=<a bound on the terms' range>, or bound='exact' for exact "
-                "draws (a smaller delta helps only a little when the bound's assumption fails)",
-                UserWarning,
-                stacklevel=3,
+                explain(cause, type(self).__name__, k, n, self.delta), UserWarning, stacklevel=3
             )
 
     def reset_tuning(self):

@@ -376,18 +376,20 @@ def test_lean_compiled_step_audits_its_races(large_selector):
     with pytest.warns(UserWarning, match="audited decisions differed"):
         _, st = draw_many(step, point, 50, "q")
     # the race's own value is exact but for about delta of the draws: then the shifted
-    # one may happen to be right
-    assert sum(s["audit_agree"] == 0 for s in st) >= 45
+    # one may happen to be right; a few dozen wrong audits (after 300 right ones) switch
+    # to exact draws
+    switched = next(i for i, s in enumerate(st) if s["audit_exact"])
+    assert 3 <= switched <= 40 and sum(s["audit_agree"] == 0 for s in st[:switched]) >= 3
+    assert all(s["n_raced"] == 0 for s in st[switched:])
 
 
-def test_free_audits_are_not_timed():
-    """An audit from the race's own sums is not timed; every other audit is.
+def test_every_audit_is_timed():
+    """Every audit is timed, also when the race computed every value's sums itself.
 
     Two near-tied values at N = 100,000: most races reach the exact pass with
-    both alive, whose sums are the audit's (free), the others decide early
-    and their audits take a fused pass. Timed, a free audit would set the
-    fastest audit, which caps what every later audit is charged, and the
-    ``"auto"`` budget would then audit nearly every raced draw.
+    both alive; their sums are the race's own, and the audit does not reuse
+    them (it evaluates the model's joint log density, independently), so it
+    is charged to the ``"auto"`` budget like any other.
     """
     from test_gibbs import draw_many
 
@@ -415,5 +417,5 @@ def test_free_audits_are_not_timed():
     step._audit_clock, step._lean_race = counted_clock, recorded_race
     _, st = draw_many(step, model.initial_point(), 200, "q")
     n_free = sum(free)
-    assert 20 < n_free < 200 and len(clocked) == 200 - n_free, (n_free, len(clocked))
+    assert 20 < n_free < 200 and len(clocked) == 200, (n_free, len(clocked))
     assert all(s["audit_agree"] >= 0 for s in st) and step.n_audits == 200

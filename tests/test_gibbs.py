@@ -211,13 +211,19 @@ def test_switch_among_likelihood_families():
     point = model.initial_point()
     probs = exact_conditional(model, "q", 3, point)
     assert probs[1] > 0.999  # Student-t, the true family
-    with pytest.warns(UserWarning, match="audited decisions differed"):
+    with pytest.warns(UserWarning, match="audited decisions differed") as record:
         draws, st = draw_many(naive, point, 2000, "q")
+    message = next(str(w.message) for w in record if "audited" in str(w.message))
+    assert "heavy tails" in message  # every row differs between families: not sparse
+    switched = next(i for i, s in enumerate(st) if s["audit_exact"])
     # far above delta (the exact rate of q != 1 is below 0.001): the failure is real ...
-    assert stats.binom.sf(np.sum(draws != 1) - 1, len(draws), 0.011) < 1e-3
-    # ... and the audit reports it
-    wrong = sum(s["audit_agree"] == 0 for s in st)
-    assert stats.binom.sf(wrong - 1, len(st), 0.01) < 1e-3
+    assert stats.binom.sf(np.sum(draws[:switched] != 1) - 1, switched, 0.011) < 1e-3
+    # ... the audit reports it ...
+    wrong = sum(s["audit_agree"] == 0 for s in st[:switched])
+    assert stats.binom.sf(wrong - 1, switched, 0.01) < 1e-3
+    # ... and the step then draws exactly
+    assert all(s["audit_exact"] and s["n_raced"] == 0 for s in st[switched:])
+    assert_matches(draws[switched:], probs, 3)
     draws, _ = draw_many(robust, point, 400, "q")
     assert_matches(draws, probs, 3)
 
@@ -251,7 +257,7 @@ def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
     At fixed k, P(Binomial(n, delta) >= k) grows with n, so an agreement can
     only raise the p-value: checked on a grid, and the skipped calls counted.
     """
-    from pymc_subsample import step_base
+    from pymc_subsample import audit
 
     n = np.arange(1, 3000)
     for k in (1, 2, 5, 20, 100):
@@ -261,9 +267,9 @@ def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
     with model:
         step = SubsampledCategoricalGibbs([q], rng=0, delta=0.05)
     calls = []
-    real = step_base.stats.binom.sf
+    real = audit.stats.binom.sf
     monkeypatch.setattr(
-        step_base.stats.binom, "sf", lambda *a: calls.append(a) or real(*a), raising=True
+        audit.stats.binom, "sf", lambda *a: calls.append(a) or real(*a), raising=True
     )
     for _ in range(200):
         step._record_audit(True)

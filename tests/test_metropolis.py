@@ -123,7 +123,9 @@ def test_logistic_regression_matches_nuts(logistic, control_variates):
     assert_posteriors_agree(idata, nuts, ["a", "b"])
     audits = idata.sample_stats["audit_agree"].values
     done = audits >= 0
-    assert done.sum() == 2 * 100
+    # every 10th draw is audited when its decision was raced (not made exactly by the back-off)
+    assert done.sum() == idata.sample_stats["n_audited"].values.sum()
+    assert 0 < done.sum() <= 2 * 100
     assert (audits[done] == 0).mean() < 0.05
     frac = float(idata.sample_stats["frac_evals"].mean())
     if control_variates:  # residuals of the Taylor expansion decide races early

@@ -238,10 +238,12 @@ class OffsetGibbs(SubsampledCategoricalGibbs):
 
     Every draw (raced or exact) uses :math:`\log f_0(i) + \text{offset} \cdot i`,
     so the chain targets a posterior tilted towards the larger values. Used to
-    check that the SBC test rejects a wrong sampler.
+    check that the SBC test rejects a wrong sampler. Audits are off by default:
+    they would find it wrong and switch it to exact draws.
     """
 
     def __init__(self, vars, *, offset: float = 1.0, **kwargs):
+        kwargs.setdefault("audit_every", 0)
         super().__init__(vars, **kwargs)
         self.offset = float(offset)
         log_f0 = self.terms.log_f0
@@ -262,10 +264,12 @@ class OffsetMetropolis(RacingMetropolis):
     chain targets the posterior tilted by :math:`e^{\text{offset}\,\theta_0}`,
     whose mean of :math:`\theta_0` is off by about :math:`\text{offset}\,
     \sigma_0^2` (:math:`\sigma_0` its posterior sd). Used to check that the
-    SBC test rejects a wrong sampler.
+    SBC test rejects a wrong sampler. Audits are off by default: they would
+    find it wrong and switch it to exact decisions.
     """
 
     def __init__(self, vars, *, offset: float = 1.0, **kwargs):
+        kwargs.setdefault("audit_every", 0)
         super().__init__(vars, **kwargs)
         self.offset = float(offset)
 
