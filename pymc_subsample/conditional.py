@@ -7,7 +7,9 @@ For value variables :math:`\theta` (a block of total size :math:`d`),
 
 the sum over every free and observed variable whose log density (Jacobian
 included) depends on :math:`\theta`. :class:`BlockConditional` compiles it
-vectorized over a batch of :math:`k` points given as one ``(k, d)`` array.
+vectorized over a batch of :math:`k` points given as one ``(k, d)`` array,
+and checks at construction that the batched graph gives, row by row, what it
+gives for each point alone (PyTensor cannot vectorize every graph).
 """
 
 from __future__ import annotations
@@ -68,7 +70,36 @@ class BlockConditional:
         self._fn = model.compile_fn(
             batched, inputs=[flat, *self.inputs], point_fn=False, **(compile_kwargs or {})
         )
-        self(self.flatten(initial_point)[None, :], initial_point)  # compile now
+        self._check_batched(model, initial_point)  # compiles now, too
+
+    def _check_batched(self, model, initial_point: dict) -> None:
+        """Raise ``ValueError`` unless three points in one call equal three single calls."""
+        x0 = self.flatten(initial_point)
+        probe = x0 + np.array([0.0, 0.3, -0.2])[:, None] * np.maximum(1.0, np.abs(x0))
+        single = np.concatenate([self(p[None, :], initial_point) for p in probe])
+        try:
+            batched = self(probe, initial_point)
+            error = None if np.allclose(batched, single, rtol=1e-9, atol=1e-9) else "wrong values"
+        except ValueError as exc:  # PyTensor's vectorized Elemwise rejects the shapes
+            error = str(exc).splitlines()[0]
+        if error is None:
+            return
+        names = [v.name for v in self.vars]
+        series = [
+            rv.name
+            for rv in model.free_RVs + model.observed_RVs
+            if "timeseries" in type(rv.owner.op).__module__
+        ]
+        feature = (
+            f"the time-series variable(s) {series} (lagged terms such as pm.AR's)"
+            if series
+            else "a term of the model"
+        )
+        raise ValueError(
+            f"PliableRejection cannot evaluate the conditional of {names} at many points in "
+            f"one call: PyTensor's vectorized graph of {feature} fails for a batch of "
+            f"points ({error}). Use pm.NUTS for that block"
+        )
 
     def flatten(self, point: dict) -> np.ndarray:
         """Return the block's values in ``point`` as one flat float64 vector."""
