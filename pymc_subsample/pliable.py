@@ -31,7 +31,23 @@ it then depends on the rest of the model and fresh randomness only). A build
 finds the conditional's modes and curvatures (Nelder–Mead from the initial
 value, the current value and the modes earlier builds found), takes a mixture
 of products of Student-t (2 d.o.f., 5 times the Laplace scale), one per mode, as
-the initial proposal :math:`g` and runs the initial phase of EPRS from it.
+the initial proposal :math:`g` and runs the initial phase of EPRS from it. A
+start that its optimization left far behind (Nelder–Mead running down the neck
+of a funnel, where the mode is at infinity) keeps a component of its own, at
+the start with the curvature there: without it the envelope can have no mass
+near the chain.
+
+Run-time checks. An independence proposal with almost no density near the
+current point :math:`x` never leaves it (:math:`\alpha \approx E(x)/\pi(x)`).
+So :math:`\pi(x) > E(x)` counts as an envelope violation, like a proposal
+above :math:`E`; during tuning, :math:`\pi(x) > 100 E(x)` rebuilds the envelope
+at the next step (the current point is a start of the mode search). After
+``STUCK_WINDOW`` steps without a move, in or after tuning, the step warns once,
+rebuilds the envelope with twice wider proposal components, and from then on
+follows every Metropolized-rejection move by a random-walk Metropolis move on
+the block (stat ``fallback``). Each kernel leaves :math:`\pi` invariant; the
+rebuild and the walk's scale depend on the chain's state once, when it is
+found stuck (a finite adaptation, like the rebuild at the end of tuning).
 """
 
 from __future__ import annotations
@@ -64,6 +80,9 @@ STUCK_WINDOW = 50
 #: its optimization found gets a proposal component of its own (the mode may be a ridge
 #: running off to infinity, or a spike, that says nothing about the region of the start).
 _FAR_FROM_MODE = 5.0
+
+#: Largest factor by which stuck windows widen the proposal components.
+_MAX_WIDEN = 64.0
 
 
 class PliableRejection(BlockedStep):
@@ -116,13 +135,19 @@ class PliableRejection(BlockedStep):
     the initial value, the current value and earlier modes), and runs App. B's
     initial phase from a mixture of Student-t products, one per mode. If no
     proposal passes within ``max_proposals``, the step stays put (a probability
-    that does not depend on :math:`x`, so invariance holds).
+    that does not depend on :math:`x`, so invariance holds). A current point
+    above the envelope, and a chain stuck for ``STUCK_WINDOW`` steps, are
+    handled as the module notes say (rebuild; random-walk fallback and a warning).
 
-    Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved),
-    ``n_evals`` (evaluations of the conditional this step, builds included),
-    ``accepted_first`` (the first proposal passed the rejection test),
-    ``envelope_violations`` (proposals with :math:`\pi > E` this step),
-    ``rebuilt`` and ``tune``.
+    Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved to the
+    rejection draw), ``n_evals`` (evaluations of the conditional this step,
+    builds included), ``accepted_first`` (the first proposal passed the
+    rejection test), ``envelope_violations`` (proposals, and the current point,
+    with :math:`\pi > E` this step), ``rebuilt``, ``fallback`` (a random-walk
+    Metropolis move followed, since the chain was found stuck) and ``tune``.
+
+    Raises ``ValueError`` at construction when PyTensor cannot evaluate the
+    block's conditional at a batch of points (a latent ``pm.AR`` series, say).
     """
 
     name = "pliable_rejection"
@@ -405,17 +430,26 @@ class PliableRejection(BlockedStep):
         """
         scale, used = self._local_scale(x, point)
         self._walk_scale = 2.38 / np.sqrt(self.dim) * scale
-        self._widen *= 2.0
+        self._widen = min(2.0 * self._widen, _MAX_WIDEN)
         self._rebuild_due = True
         self._since_move = 0
         if not self._warned:
             self._warned = True
             names = [v.name for v in self.vars]
+            if below > 0:
+                why = (
+                    f"the envelope is below the conditional there by a factor "
+                    f"exp({below:.3g}), so the Metropolized independence proposal is "
+                    "almost never accepted"
+                )
+            else:
+                why = (
+                    f"no proposal passed the rejection test within max_proposals="
+                    f"{self.max_proposals}: the envelope is far above the conditional"
+                )
             warnings.warn(
                 f"PliableRejection on {names}: the chain did not move in {STUCK_WINDOW} "
-                f"steps (at {x}, log pi - log E = {below:.3g}: the envelope has almost no "
-                "mass near the current point, so the Metropolized independence proposal "
-                "is almost never accepted). The envelope is rebuilt around the current "
+                f"steps (at {x}: {why}). The envelope is rebuilt around the current "
                 "region with twice wider proposal components, and every step now also "
                 "makes a random-walk Metropolis move on the block (sampler stat "
                 "'fallback'). Both keep the conditional invariant, but mixing may be "
