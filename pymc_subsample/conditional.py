@@ -7,7 +7,9 @@ For value variables :math:`\theta` (a block of total size :math:`d`),
 
 the sum over every free and observed variable whose log density (Jacobian
 included) depends on :math:`\theta`. :class:`BlockConditional` compiles it
-vectorized over a batch of :math:`k` points given as one ``(k, d)`` array.
+vectorized over a batch of :math:`k` points given as one ``(k, d)`` array,
+and checks at construction that the batched graph gives, row by row, what it
+gives for each point alone (PyTensor cannot vectorize every graph).
 """
 
 from __future__ import annotations
@@ -15,12 +17,38 @@ from __future__ import annotations
 import numpy as np
 import pytensor.tensor as pt
 from pymc.blocking import DictToArrayBijection, RaveledVars
-from pytensor.graph.replace import vectorize_graph
-from pytensor.graph.traversal import graph_inputs
+from pymc.logprob.utils import CheckParameterValue
+from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.traversal import applys_between, graph_inputs
 
 from .graph import _as_value_vars, block_terms
 
 __all__ = ["BlockConditional"]
+
+
+def _checks_to_switch(graph):
+    r"""Replace PyMC's parameter checks by :math:`\mathrm{switch}(c, \ell, -\infty)`, per point.
+
+    PyTensor vectorizes a ``CheckParameterValue`` by reducing its condition over
+    the whole batch, so one point with an invalid parameter (a scale that
+    underflowed to 0, say) would make every point of the batch ``-inf``. Applied
+    before vectorizing, the switch keeps each point's condition its own; nested
+    checks are replaced from the outside in.
+    """
+    while True:
+        nodes = [
+            n
+            for n in applys_between(list(graph_inputs([graph])), [graph])
+            if isinstance(n.op, CheckParameterValue) and n.op.can_be_replaced_by_ninf
+        ]
+        if not nodes:
+            return graph
+        replace = {}
+        for n in nodes:
+            expr, *conds = n.inputs
+            cond = pt.all(pt.stack([pt.all(c) for c in conds])) if len(conds) > 1 else conds[0]
+            replace[n.outputs[0]] = pt.cast(pt.switch(cond, expr, -np.inf), n.outputs[0].dtype)
+        graph = graph_replace(graph, replace, strict=False)
 
 
 class BlockConditional:
@@ -53,7 +81,7 @@ class BlockConditional:
         self._info = DictToArrayBijection.map(
             {v.name: np.asarray(initial_point[v.name]) for v in self.vars}
         ).point_map_info
-        logp = pt.add(*terms) if len(terms) > 1 else terms[0]
+        logp = _checks_to_switch(pt.add(*terms) if len(terms) > 1 else terms[0])
         flat = pt.matrix("block_points", dtype="float64")
         replace, start = {}, 0
         for v, shape, size in zip(self.vars, self.shapes, self.sizes, strict=True):
@@ -68,7 +96,36 @@ class BlockConditional:
         self._fn = model.compile_fn(
             batched, inputs=[flat, *self.inputs], point_fn=False, **(compile_kwargs or {})
         )
-        self(self.flatten(initial_point)[None, :], initial_point)  # compile now
+        self._check_batched(model, initial_point)  # compiles now, too
+
+    def _check_batched(self, model, initial_point: dict) -> None:
+        """Raise ``ValueError`` unless three points in one call equal three single calls."""
+        x0 = self.flatten(initial_point)
+        probe = x0 + np.array([0.0, 0.3, -0.2])[:, None] * np.maximum(1.0, np.abs(x0))
+        single = np.concatenate([self(p[None, :], initial_point) for p in probe])
+        try:
+            batched = self(probe, initial_point)
+            error = None if np.allclose(batched, single, rtol=1e-9, atol=1e-9) else "wrong values"
+        except ValueError as exc:  # PyTensor's vectorized Elemwise rejects the shapes
+            error = str(exc).splitlines()[0]
+        if error is None:
+            return
+        names = [v.name for v in self.vars]
+        series = [
+            rv.name
+            for rv in model.free_RVs + model.observed_RVs
+            if "timeseries" in type(rv.owner.op).__module__
+        ]
+        feature = (
+            f"the time-series variable(s) {series} (lagged terms such as pm.AR's)"
+            if series
+            else "a term of the model"
+        )
+        raise ValueError(
+            f"PliableRejection cannot evaluate the conditional of {names} at many points in "
+            f"one call: PyTensor's vectorized graph of {feature} fails for a batch of "
+            f"points ({error}). Use pm.NUTS for that block"
+        )
 
     def flatten(self, point: dict) -> np.ndarray:
         """Return the block's values in ``point`` as one flat float64 vector."""

@@ -31,10 +31,28 @@ it then depends on the rest of the model and fresh randomness only). A build
 finds the conditional's modes and curvatures (Nelder–Mead from the initial
 value, the current value and the modes earlier builds found), takes a mixture
 of products of Student-t (2 d.o.f., 5 times the Laplace scale), one per mode, as
-the initial proposal :math:`g` and runs the initial phase of EPRS from it.
+the initial proposal :math:`g` and runs the initial phase of EPRS from it. A
+start that its optimization left far behind (Nelder–Mead running down the neck
+of a funnel, where the mode is at infinity) keeps a component of its own, at
+the start with the curvature there: without it the envelope can have no mass
+near the chain.
+
+Run-time checks. An independence proposal with almost no density near the
+current point :math:`x` never leaves it (:math:`\alpha \approx E(x)/\pi(x)`).
+So :math:`\pi(x) > E(x)` counts as an envelope violation, like a proposal
+above :math:`E`; during tuning, :math:`\pi(x) > 100 E(x)` rebuilds the envelope
+at the next step (the current point is a start of the mode search). After
+``STUCK_WINDOW`` steps without a move, in or after tuning, the step warns once,
+rebuilds the envelope with twice wider proposal components, and from then on
+follows every Metropolized-rejection move by a random-walk Metropolis move on
+the block (stat ``fallback``). Each kernel leaves :math:`\pi` invariant; the
+rebuild and the walk's scale depend on the chain's state once, when it is
+found stuck (a finite adaptation, like the rebuild at the end of tuning).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 from pymc.step_methods.compound import BlockedStep, Competence
@@ -49,6 +67,22 @@ __all__ = ["PliableRejection"]
 
 #: Modes of the conditional remembered between builds (each one a proposal component).
 _MAX_MODES = 4
+
+#: :math:`\log(\pi(x)/E(x))` at the current point above which the envelope is "far below"
+#: the target there: the chain would then stay at :math:`x` for about 100 steps on average.
+FAR_BELOW = float(np.log(100.0))
+
+#: Consecutive steps without a move after which the step rebuilds its envelope (wider) and
+#: adds a random-walk Metropolis move on the block to every step.
+STUCK_WINDOW = 50
+
+#: A start point farther than this many Laplace scales (in some coordinate) from the mode
+#: its optimization found gets a proposal component of its own (the mode may be a ridge
+#: running off to infinity, or a spike, that says nothing about the region of the start).
+_FAR_FROM_MODE = 5.0
+
+#: Largest factor by which stuck windows widen the proposal components.
+_MAX_WIDEN = 64.0
 
 
 class PliableRejection(BlockedStep):
@@ -101,13 +135,19 @@ class PliableRejection(BlockedStep):
     the initial value, the current value and earlier modes), and runs App. B's
     initial phase from a mixture of Student-t products, one per mode. If no
     proposal passes within ``max_proposals``, the step stays put (a probability
-    that does not depend on :math:`x`, so invariance holds).
+    that does not depend on :math:`x`, so invariance holds). A current point
+    above the envelope, and a chain stuck for ``STUCK_WINDOW`` steps, are
+    handled as the module notes say (rebuild; random-walk fallback and a warning).
 
-    Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved),
-    ``n_evals`` (evaluations of the conditional this step, builds included),
-    ``accepted_first`` (the first proposal passed the rejection test),
-    ``envelope_violations`` (proposals with :math:`\pi > E` this step),
-    ``rebuilt`` and ``tune``.
+    Sampler stats: ``accept`` (:math:`\alpha`), ``accepted`` (moved to the
+    rejection draw), ``n_evals`` (evaluations of the conditional this step,
+    builds included), ``accepted_first`` (the first proposal passed the
+    rejection test), ``envelope_violations`` (proposals, and the current point,
+    with :math:`\pi > E` this step), ``rebuilt``, ``fallback`` (a random-walk
+    Metropolis move followed, since the chain was found stuck) and ``tune``.
+
+    Raises ``ValueError`` at construction when PyTensor cannot evaluate the
+    block's conditional at a batch of points (a latent ``pm.AR`` series, say).
     """
 
     name = "pliable_rejection"
@@ -118,6 +158,7 @@ class PliableRejection(BlockedStep):
         "accepted_first": (bool, []),
         "envelope_violations": (np.int64, []),
         "rebuilt": (bool, []),
+        "fallback": (bool, []),
         "tune": (bool, []),
     }
 
@@ -180,6 +221,10 @@ class PliableRejection(BlockedStep):
         self.n_steps = 0
         self._rebuild_due = True
         self._rate = 0.5
+        self._since_move = 0
+        self._widen = 1.0
+        self._walk_scale = None  # the random-walk fallback's scale once it is on
+        self._warned = False
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, envelope, counters) before a chain starts."""
@@ -204,8 +249,7 @@ class PliableRejection(BlockedStep):
     # -- envelope -----------------------------------------------------------------
 
     def _laplace(self, x0: np.ndarray, point: dict) -> tuple[np.ndarray, np.ndarray, int]:
-        """Mode and Laplace scale of the conditional (central differences, batched)."""
-        d = self.dim
+        """Mode and Laplace scale of the conditional (Nelder–Mead, then :meth:`_local_scale`)."""
 
         def neg(z):
             return -float(self.conditional(z[None, :], point)[0])
@@ -214,15 +258,24 @@ class PliableRejection(BlockedStep):
             neg, x0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6}
         )
         mode = res.x if np.isfinite(res.fun) else x0
-        n = int(res.nfev)
+        scale, used = self._local_scale(mode, point)
+        return mode, scale, int(res.nfev) + used
+
+    def _local_scale(self, z: np.ndarray, point: dict) -> tuple[np.ndarray, int]:
+        r"""Scale :math:`(-\partial_k^2 \log\pi(z))^{-1/2}` per coordinate (central differences).
+
+        1 where the curvature is not positive (or not finite). Returns the scale and the
+        evaluations used.
+        """
+        d = self.dim
         eye = np.eye(d)
-        eps = 1e-3 * np.maximum(1.0, np.abs(mode))
-        pts = np.concatenate([mode[None, :], mode + eye * eps, mode - eye * eps])
+        eps = 1e-3 * np.maximum(1.0, np.abs(z))
+        pts = np.concatenate([z[None, :], z + eye * eps, z - eye * eps])
         lp = self.conditional(pts, point)
-        n += len(pts)
-        curv = -(lp[1 : d + 1] + lp[d + 1 :] - 2 * lp[0]) / eps**2
-        scale = np.where(np.isfinite(curv) & (curv > 0), 1.0 / np.sqrt(np.abs(curv)), 1.0)
-        return mode, scale, n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            curv = -(lp[1 : d + 1] + lp[d + 1 :] - 2 * lp[0]) / eps**2
+            scale = np.where(np.isfinite(curv) & (curv > 0), 1.0 / np.sqrt(np.abs(curv)), 1.0)
+        return scale, len(pts)
 
     def _build(self, x: np.ndarray, point: dict) -> int:
         """Fit a new envelope to the conditional at ``point``; return evaluations used.
@@ -230,26 +283,36 @@ class PliableRejection(BlockedStep):
         Modes are searched from the initial value, from ``x`` and from the modes
         found by earlier builds of this chain (a conditional's distant mode, once
         visited, stays in the proposal); each mode contributes a Student-t
-        component to the initial proposal. With ``rebuild="always"`` the
-        envelope must not depend on ``x`` or the chain's past: only the initial
-        value is used.
+        component to the initial proposal. A start farther than
+        ``_FAR_FROM_MODE`` scales from the mode it led to (an optimization that ran
+        along a ridge to infinity, as in a funnel) contributes a component of its
+        own, at the start with the curvature there. Component scales are
+        5 times the Laplace scale, times ``self._widen`` (doubled each time the
+        chain is found stuck). With ``rebuild="always"`` the envelope must not
+        depend on ``x`` or the chain's past: only the initial value is used.
         """
         if self.rebuild == "always":
             starts = [self._start]
         else:
             starts = [x, self._start, *(m for m, _ in self._modes)]
-        modes, n = [], 0
+        modes, local, n = [], [], 0
         for start in starts:
             mode, scale, used = self._laplace(start, point)
             n += used
             if all(np.any(np.abs(mode - m) > 3 * sc) for m, sc in modes):
                 modes.append((mode, scale))
+            far = np.any(np.abs(start - mode) > _FAR_FROM_MODE * scale)
+            if far and not any(np.array_equal(start, z) for z, _ in local):
+                start_scale, used = self._local_scale(start, point)
+                n += used
+                local.append((start, start_scale))
         if self.rebuild != "always":
             self._modes = modes[:_MAX_MODES]
+        widen = 5.0 * self._widen
         g = MixtureProposal(
             [
-                [stats.t(df=2, loc=m, scale=5 * s) for m, s in zip(mode, scale, strict=True)]
-                for mode, scale in modes[:_MAX_MODES]
+                [stats.t(df=2, loc=m, scale=widen * s) for m, s in zip(mode, scale, strict=True)]
+                for mode, scale in modes[:_MAX_MODES] + local
             ]
         )
         env = build_envelope(
@@ -312,19 +375,34 @@ class PliableRejection(BlockedStep):
         first = len(res.x) > 0 and tried == 1
         y = res.x[0] if len(res.x) else None
         lp_x = cache[0]
-        if y is not None:
-            lp_y, log_e_y = float(res.log_f[0]), float(res.log_e[0])
+        log_e_x = float(env.log_value(x[None, :])[0])
+        # the current point is a point where the target is known: E below it is a violation
+        below = lp_x - log_e_x
+        if below > 1e-12:
+            violations += 1
+            if self.tune and below > FAR_BELOW:  # rebuild around the current region
+                self._rebuild_due = True
         self._rate = 0.9 * self._rate + 0.1 * (1.0 / max(tried, 1))
         self.n_steps += 1
         if self.tune and (self.n_steps & (self.n_steps - 1)) == 0:
             self._rebuild_due = True
         accept, moved = 0.0, False
         if y is not None:
-            log_e_x = float(env.log_value(x[None, :])[0])
+            lp_y, log_e_y = float(res.log_f[0]), float(res.log_e[0])
             log_alpha = (lp_y + min(lp_x, log_e_x)) - (lp_x + min(lp_y, log_e_y))
             accept = float(np.exp(min(0.0, log_alpha))) if np.isfinite(lp_x) else 1.0
             moved = bool(self.rng.random() < accept)
-        new = x if not moved else y
+        new, lp_new = (y, lp_y) if moved else (x, lp_x)
+        walked, walk_on = False, self._walk_scale is not None
+        if walk_on:  # a random-walk Metropolis move, pi-invariant too
+            prop = new + self._walk_scale * self.rng.standard_normal(self.dim)
+            lp_prop = float(self.conditional(prop[None, :], point)[0])
+            n_evals += 1
+            if np.log(self.rng.random()) < lp_prop - lp_new:
+                new, walked = prop, True
+        self._since_move = 0 if (moved or walked) else self._since_move + 1
+        if self._since_move >= STUCK_WINDOW:
+            n_evals += self._unstick(x, point, below)
         new_point = dict(point)
         new_point.update(self.conditional.unflatten(new))
         stats_ = {
@@ -334,6 +412,49 @@ class PliableRejection(BlockedStep):
             "accepted_first": first,
             "envelope_violations": violations,
             "rebuilt": rebuilt,
+            "fallback": walk_on,
             "tune": self.tune,
         }
         return new_point, [stats_]
+
+    def _unstick(self, x: np.ndarray, point: dict, below: float) -> int:
+        r"""React to ``STUCK_WINDOW`` steps without a move; return the evaluations used.
+
+        Rebuilds the envelope at the next step with proposal components twice as
+        wide (around the current region too: the current point is a start of the
+        mode search), and adds to every later step a random-walk Metropolis move on
+        the block, :math:`N(0, (2.38^2/d)\,\mathrm{diag}(s^2))` with :math:`s` the
+        Laplace scale at the current point. Both kernels leave the conditional
+        invariant; each change is made once per stuck window (like the end of
+        tuning, a finite adaptation). Warns once per chain.
+        """
+        scale, used = self._local_scale(x, point)
+        self._walk_scale = 2.38 / np.sqrt(self.dim) * scale
+        self._widen = min(2.0 * self._widen, _MAX_WIDEN)
+        self._rebuild_due = True
+        self._since_move = 0
+        if not self._warned:
+            self._warned = True
+            names = [v.name for v in self.vars]
+            if below > 0:
+                why = (
+                    f"the envelope is below the conditional there by a factor "
+                    f"exp({below:.3g}), so the Metropolized independence proposal is "
+                    "almost never accepted"
+                )
+            else:
+                why = (
+                    f"no proposal passed the rejection test within max_proposals="
+                    f"{self.max_proposals}: the envelope is far above the conditional"
+                )
+            warnings.warn(
+                f"PliableRejection on {names}: the chain did not move in {STUCK_WINDOW} "
+                f"steps (at {x}: {why}). The envelope is rebuilt around the current "
+                "region with twice wider proposal components, and every step now also "
+                "makes a random-walk Metropolis move on the block (sampler stat "
+                "'fallback'). Both keep the conditional invariant, but mixing may be "
+                "slow: check the block's posterior, or use pm.NUTS for it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return used
