@@ -17,38 +17,13 @@ from __future__ import annotations
 import numpy as np
 import pytensor.tensor as pt
 from pymc.blocking import DictToArrayBijection, RaveledVars
-from pymc.logprob.utils import CheckParameterValue
-from pytensor.graph.replace import graph_replace, vectorize_graph
-from pytensor.graph.traversal import applys_between, graph_inputs
+from pytensor.graph.replace import vectorize_graph
+from pytensor.graph.traversal import graph_inputs
 
+from .batched import checks_to_switch
 from .graph import _as_value_vars, block_terms
 
 __all__ = ["BlockConditional"]
-
-
-def _checks_to_switch(graph):
-    r"""Replace PyMC's parameter checks by :math:`\mathrm{switch}(c, \ell, -\infty)`, per point.
-
-    PyTensor vectorizes a ``CheckParameterValue`` by reducing its condition over
-    the whole batch, so one point with an invalid parameter (a scale that
-    underflowed to 0, say) would make every point of the batch ``-inf``. Applied
-    before vectorizing, the switch keeps each point's condition its own; nested
-    checks are replaced from the outside in.
-    """
-    while True:
-        nodes = [
-            n
-            for n in applys_between(list(graph_inputs([graph])), [graph])
-            if isinstance(n.op, CheckParameterValue) and n.op.can_be_replaced_by_ninf
-        ]
-        if not nodes:
-            return graph
-        replace = {}
-        for n in nodes:
-            expr, *conds = n.inputs
-            cond = pt.all(pt.stack([pt.all(c) for c in conds])) if len(conds) > 1 else conds[0]
-            replace[n.outputs[0]] = pt.cast(pt.switch(cond, expr, -np.inf), n.outputs[0].dtype)
-        graph = graph_replace(graph, replace, strict=False)
 
 
 class BlockConditional:
@@ -81,7 +56,7 @@ class BlockConditional:
         self._info = DictToArrayBijection.map(
             {v.name: np.asarray(initial_point[v.name]) for v in self.vars}
         ).point_map_info
-        logp = _checks_to_switch(pt.add(*terms) if len(terms) > 1 else terms[0])
+        logp = checks_to_switch(pt.add(*terms) if len(terms) > 1 else terms[0])
         flat = pt.matrix("block_points", dtype="float64")
         replace, start = {}, 0
         for v, shape, size in zip(self.vars, self.shapes, self.sizes, strict=True):

@@ -38,9 +38,10 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
-from pytensor.graph.replace import graph_replace, vectorize_graph
+from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
 
+from .batched import vectorize_per_point
 from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
 from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
@@ -345,7 +346,7 @@ class ObservationTerms:
         # (the same sum), so that a race that ends in an exact pass touches one copy of the
         # data, not two
         graphs = [rows, loglik, log_f0, rows.sum(axis=-1)] + ([window] if windows else [])
-        outs = [vectorize_graph(g, replace=batch) for g in graphs]
+        outs = [vectorize_per_point(g, batch) for g in graphs]
         used = set()
         for g in outs:
             used |= set(graph_inputs([g]))
@@ -935,7 +936,7 @@ class ObservationTerms:
                 expansion = expansion + 0.5 * second
             res = graph_replace(graph - expansion, {direction: flat_psi - flat_ref}, strict=False)
             res = graph_replace(res, to_values, strict=False) if to_values else res
-            return vectorize_graph(res, replace=batch)
+            return vectorize_per_point(res, batch)
 
         others = [*self.inputs, flat_ref]
         idx_var = self._graphs[0]
@@ -1102,7 +1103,7 @@ class ObservationTerms:
             taylor = at_ref + first + 0.5 * second
             res = graph_replace(graph, unflatten(theta), strict=False) - taylor
             res = graph_replace(res, {direction: theta - ref}, strict=False)
-            return vectorize_graph(res, replace={theta: self._flat_cands})
+            return vectorize_per_point(res, {theta: self._flat_cands})
 
         self._flat_cands = pt.dmatrix("theta_candidates")
 
