@@ -15,6 +15,7 @@ import numpy as np
 from pytensor.tensor.random.basic import BernoulliRV, CategoricalRV
 
 from .cost import compiled_look_cost
+from .expansion_cache import ExpansionCache, inputs_key
 from .racing import RaceResult, sample_categorical
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
@@ -295,7 +296,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self.control_variates = control_variates is not False and control_variates is not None
         self._fixed_reference = None
         self._reference = None
-        self._expansion_cache: dict = {}
+        self._expansion_cache = ExpansionCache()
         self._check_expand_in(expand_in, "pass control_variates=True or a reference point as well")
         if not self.control_variates:
             return
@@ -327,7 +328,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._reference = self._fixed_reference
         else:
             self._reference = {n: np.array(point[n], copy=True) for n in names}
-        self._expansion_cache = {}
+        self._expansion_cache.clear()
 
     def _shuffle(self) -> None:
         super()._shuffle()
@@ -347,12 +348,9 @@ class SubsampledCategoricalGibbs(RacingStep):
     def _expansion_shift(self, key, cands, point) -> np.ndarray:
         r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate."""
         ref = self._reference
-        cached = self._expansion_cache.get(key)
-        if cached is None:
-            if len(self._expansion_cache) > 64:
-                self._expansion_cache.clear()
-            cached = self.terms.expansion_sums(cands, point, ref)
-            self._expansion_cache[key] = cached
+        cached = self._expansion_cache.get(
+            key, lambda: self.terms.expansion_sums(cands, point, ref)
+        )
         values, grads, hess = cached
         step = self.terms.expansion_step(point, ref)
         shift = values + grads @ step
@@ -678,7 +676,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         terms = self.terms
         floats = set(terms.expansion_inputs())
         fixed = [np.asarray(point[n]) for n in terms._input_names if n not in floats]
-        key = (j, k, *(c.tobytes() for c in cands), *(f.tobytes() for f in fixed))
+        key = inputs_key([*cands, *fixed], j, k)
         shift = self._expansion_shift(key, cands, point)
         raw_rewards = lambda arms, idx: terms.loglik_batch([c[arms] for c in cands], idx, point)  # noqa: E731
         raw_totals = lambda arms: terms.loglik_sum([c[arms] for c in cands], point)  # noqa: E731

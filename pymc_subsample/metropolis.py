@@ -21,6 +21,7 @@ import warnings
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
+from .expansion_cache import ExpansionCache, inputs_key
 from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test, race_exact
@@ -37,6 +38,9 @@ _TARGET_HMC = 0.8
 _FALLBACK_AFTER = 100
 _FALLBACK_RATE = 0.05
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
+#: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
+_REFIT_AFTER = 50
+_REFIT_SHARE = 0.25
 
 
 class RacingMetropolis(RacingStep):
@@ -186,6 +190,7 @@ class RacingMetropolis(RacingStep):
         "n_audited": (np.int64, []),
         "n_wrong": (np.int64, []),
         "n_raced": (np.int64, []),
+        "n_refits": (np.int64, []),
         "audit_agree": (np.int8, []),
         "tune": (bool, []),
     }
@@ -365,6 +370,7 @@ class RacingMetropolis(RacingStep):
             self.coordinate_surrogate: TaylorSurrogate | None = None
             self._surrogate_failed = False
             self._chol_mass = self._inv_mass = self._chol_cov = None
+            self._init_refits()
         self._started = False
         scale = self._initial_scaling()
         self.scaling = np.full(self.dim, scale) if self.elemwise else scale
@@ -385,6 +391,7 @@ class RacingMetropolis(RacingStep):
         """
         super().data_changed()
         self.surrogate = self.coordinate_surrogate = None
+        self._expansions.clear()
         self._surrogate_failed = False
         self._chol_mass = self._inv_mass = self._chol_cov = None
 
@@ -605,6 +612,9 @@ class RacingMetropolis(RacingStep):
                         UserWarning,
                         stacklevel=3,
                     )
+            # the sums just fitted belong to the other inputs' values at this point
+            entry = (self.surrogate, self.coordinate_surrogate)
+            self._expansions.put(inputs_key(self.terms.other_arrays(point)), entry)
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
@@ -630,6 +640,112 @@ class RacingMetropolis(RacingStep):
             raise FloatingPointError("the log-likelihood is not finite at the reference")
         self.coordinate_surrogate = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
         return (len(ref) + 1) * self.terms.n_obs
+
+    # -- the expansion at the other inputs' current values ----------------------------
+
+    def _init_refits(self) -> None:
+        """Start the cache of the control variates' sums and the count of refits."""
+        #: the race's expansions by the other inputs' values: (surrogate, coordinate surrogate)
+        self._expansions = ExpansionCache()
+        self._refit_draws = 0  # draws made
+        self._refit_count = 0  # refits in the draws after the first _REFIT_AFTER
+        self._refit_warned = False
+        self._moved_inputs: set[str] = set()
+        self._last_inputs: tuple | None = None
+
+    def _expansion_at(self, point: dict, log: dict) -> tuple:
+        r"""Return the race's expansion with its sums at the other inputs' values in ``point``.
+
+        The terms :math:`l_n(\theta; \psi)` read other value variables
+        :math:`\psi` that other steps move. The residuals on a batch are taken
+        at the current :math:`\psi`, so the exact sums added back must be too:
+        :math:`\sum_n l_n(\theta; \psi) = \sum_n r_n(\theta; \psi) +
+        \hat L(\psi) + G(\psi)^\top\Delta + \tfrac12\Delta^\top H(\psi)\Delta`
+        (or the stencil sums :math:`T_k(\psi)`), with the reference
+        :math:`\hat\theta` (and :math:`\hat\phi`, :math:`\epsilon`) as fitted.
+        Sums at values of :math:`\psi` not seen lately are recomputed with a
+        full pass (counted in ``log``); the mass matrix and the proposal's
+        surrogate stay as fitted (a proposal need not follow :math:`\psi`: the
+        accept test is exact up to :math:`\delta`).
+
+        Returns
+        -------
+        tuple
+            ``(surrogate, coordinate surrogate)``, as ``self.surrogate`` and
+            ``self.coordinate_surrogate`` but at :math:`\psi`; ``(None, None)``
+            when the sums are not finite there (the race then reads the raw terms).
+        """
+        if not self.terms._input_names:  # the terms read the block and the data only
+            return self.surrogate, self.coordinate_surrogate
+        arrays = self.terms.other_arrays(point)
+        key = inputs_key(arrays)
+        refits = self._expansions.n_refits
+        entry = self._expansions.get(key, lambda: self._refit(point, log))
+        if self._expansions.n_refits > refits:
+            log["refits"] += 1
+            last = self._last_inputs
+            if last is not None:
+                names = self.terms._input_names
+                self._moved_inputs.update(
+                    n for n, a, b in zip(names, last, key, strict=True) if a != b
+                )
+        self._last_inputs = key
+        return entry
+
+    def _refit(self, point: dict, log: dict) -> tuple:
+        """Recompute the race's sums at ``point``'s other inputs, one full pass; count it."""
+        n_obs, sur, cv = self.terms.n_obs, self.surrogate, self.coordinate_surrogate
+        if cv is not None:  # the race reads the expansion in the Deterministics only
+            ref = cv.theta_ref
+            value, grad, hess = self.terms.taylor_sums(
+                ref, point, self._coordinate_shapes, coordinates=self._coordinates
+            )
+            log["n_evals"] += (len(ref) + 1) * n_obs
+            cv = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
+            finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
+        elif isinstance(sur, TaylorSurrogate):
+            value, grad, hess = self.terms.taylor_sums(sur.theta_ref, point, self._shapes)
+            log["n_evals"] += (self.dim + 1) * n_obs
+            sur = TaylorSurrogate(sur.theta_ref, value, grad, 0.5 * (hess + hess.T))
+            finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
+        else:
+            rows = sur.points()
+            sums = self._sums(rows, point)
+            log["n_evals"] += len(rows) * n_obs
+            finite = bool(np.isfinite(sums).all())
+            sur = QuadraticSurrogate(sur.theta_ref, sur.eps, sums, sur.full) if finite else sur
+        return (sur, cv) if finite else (None, None)
+
+    def _watch_refits(self, refits: int) -> None:
+        """Warn once when the expansion is refitted at more than a quarter of the draws."""
+        self._refit_draws += 1
+        watched = self._refit_draws - _REFIT_AFTER
+        if watched <= 0:
+            return
+        self._refit_count += refits
+        if self._refit_warned or watched < _REFIT_AFTER:
+            return
+        if self._refit_count <= _REFIT_SHARE * watched:
+            return
+        self._refit_warned = True
+        moved = sorted(self._moved_inputs) or list(self.terms._input_names)
+        values = {v.name: v for v in self.model.value_vars}
+        rvs = [self.model.values_to_rvs[values[n]] for n in moved]
+        continuous = [rv.name for rv in rvs if rv.dtype.startswith("float")]
+        fix = (
+            f"put {', '.join(repr(n) for n in continuous)} in this step's block"
+            if continuous
+            else "an exact step for this block costs about as much"
+        )
+        warnings.warn(
+            f"RacingMetropolis: the likelihood terms of "
+            f"{', '.join(v.name for v in self.vars)} depend on "
+            f"{', '.join(repr(n) for n in moved)}, which another step moves; the expansion "
+            f"was refitted at {self._refit_count} of {watched} draws, each a full "
+            f"pass over the data, so races save little: {fix}",
+            UserWarning,
+            stacklevel=4,
+        )
 
     # -- proposals ---------------------------------------------------------------------
 
@@ -699,7 +815,14 @@ class RacingMetropolis(RacingStep):
         """
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
-        log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0, "raced": 0}
+        log = {
+            "n_evals": spent,
+            "exhausted": False,
+            "audited": 0,
+            "wrong": 0,
+            "raced": 0,
+            "refits": 0,
+        }
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
             accept = np.zeros(len(x))
@@ -740,6 +863,7 @@ class RacingMetropolis(RacingStep):
             "n_audited": log["audited"],
             "n_wrong": log["wrong"],
             "n_raced": log["raced"],
+            "n_refits": log["refits"],
             "audit_agree": (AUDIT_DISAGREE if log["wrong"] else AUDIT_AGREE)
             if audit
             else AUDIT_NOT_RUN,
@@ -747,6 +871,7 @@ class RacingMetropolis(RacingStep):
         }
         if self.tune:
             self._tune_step(accepted, accept)
+        self._watch_refits(log["refits"])
         if accepted.any() or x is not x0:
             point = dict(point)
             for v, value in zip(self.vars, self._split(x), strict=True):
@@ -768,7 +893,11 @@ class RacingMetropolis(RacingStep):
         if not (np.isfinite(log_f0[1]) and np.isfinite(extra)):
             return False, 0.0
         exact_part = log_f0[1] - log_f0[0] + extra
-        sur = self.surrogate if self.control_variates else None
+        exact = self.decides_exactly or self._backoff.take(key)
+        # an exact decision sums every term: a control variate would cancel from it
+        sur = coordinate_sur = None
+        if self.control_variates and self.surrogate is not None and not exact:
+            sur, coordinate_sur = self._expansion_at(point, log)
         spent = [0]  # terms evaluated, stencil included
 
         def sums(arms):
@@ -785,8 +914,8 @@ class RacingMetropolis(RacingStep):
 
         elif isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
             rows, shapes, coords = pair, self._shapes, ()
-            if self.coordinate_surrogate is not None:  # expanded in the Deterministics
-                sur, coords = self.coordinate_surrogate, self._coordinates
+            if coordinate_sur is not None:  # expanded in the Deterministics
+                sur, coords = coordinate_sur, self._coordinates
                 shapes = self._coordinate_shapes
                 rows = np.stack([self._coordinates_at(r, point) for r in pair])
             h_total = sur.total(rows)
@@ -813,7 +942,6 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values[k + arms] - weights[arms] @ values[:k]
 
-        exact = self.decides_exactly or self._backoff.take(key)
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
