@@ -174,8 +174,20 @@ class RacingMetropolis(RacingStep):
     decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``n_raced`` (decisions raced; the
-    others were made exactly by the back-off), ``audit_agree`` (1/0, −1 when not
+    others were made exactly by the back-off), ``n_refits`` (passes over the
+    data that recomputed the control variates' sums, see below; their
+    evaluations are in ``n_evals``), ``audit_agree`` (1/0, −1 when not
     audited) and ``tune``.
+
+    The terms may read other value variables :math:`\psi` that other steps
+    move. The exact sums of :math:`h_n` hold for one value of :math:`\psi`,
+    and a race reads its residuals at the current one, so the sums are kept
+    per value of :math:`\psi` (:class:`~pymc_subsample.expansion_cache.ExpansionCache`)
+    and recomputed with a full pass at a value not among the last few seen; the
+    reference point and the mass matrix stay as fitted. Where :math:`\psi`
+    changes at most draws (a continuous variable sampled by another step),
+    each draw pays that pass: the step stays right up to :math:`\delta` but
+    saves little, and warns, naming the inputs to put in its block.
     """
 
     name = "racing_metropolis"
@@ -569,11 +581,10 @@ class RacingMetropolis(RacingStep):
         self.surrogate = sur
         if isinstance(sur, QuadraticSurrogate):
             self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
+        self._f0_eps = _stencil_steps(neg_hessian)  # steps of the refits' Hessians of log f0
         if self.covariance is not None:  # the user's estimate of the posterior covariance
             neg_hessian = np.linalg.inv(self.covariance)
-        self._inv_mass = np.linalg.inv(neg_hessian)
-        self._chol_mass = np.linalg.cholesky(neg_hessian)
-        self._chol_cov = np.linalg.cholesky(self._inv_mass)
+        self._inv_mass, self._chol_mass, self._chol_cov = _mass_factors(neg_hessian)
 
     def _ensure_surrogate(self, x, point) -> tuple[np.ndarray, int]:
         """Fit the surrogate if needed; at a chain's first tuning step, start in the bulk.
@@ -613,7 +624,7 @@ class RacingMetropolis(RacingStep):
                         stacklevel=3,
                     )
             # the sums just fitted belong to the other inputs' values at this point
-            entry = (self.surrogate, self.coordinate_surrogate)
+            entry = (self.surrogate, self.coordinate_surrogate, self._mass())
             self._expansions.put(inputs_key(self.terms.other_arrays(point)), entry)
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
@@ -664,19 +675,23 @@ class RacingMetropolis(RacingStep):
         (or the stencil sums :math:`T_k(\psi)`), with the reference
         :math:`\hat\theta` (and :math:`\hat\phi`, :math:`\epsilon`) as fitted.
         Sums at values of :math:`\psi` not seen lately are recomputed with a
-        full pass (counted in ``log``); the mass matrix and the proposal's
-        surrogate stay as fitted (a proposal need not follow :math:`\psi`: the
-        accept test is exact up to :math:`\delta`).
+        full pass (counted in ``log``). The proposals follow :math:`\psi` too
+        (:meth:`_proposal_expansion`): the HMC trajectory integrates this
+        expansion, and the mass matrix is :math:`M(\psi) = -\nabla^2(\log f_0
+        + \sum_n h_n)(\hat\theta)` at :math:`\psi` (as fitted with ``expand_in`` or
+        ``covariance``), functions of :math:`\psi` only, so valid proposals for
+        the block given :math:`\psi`.
 
         Returns
         -------
         tuple
-            ``(surrogate, coordinate surrogate)``, as ``self.surrogate`` and
-            ``self.coordinate_surrogate`` but at :math:`\psi`; ``(None, None)``
-            when the sums are not finite there (the race then reads the raw terms).
+            ``(surrogate, coordinate surrogate, mass)``: as ``self.surrogate`` and
+            ``self.coordinate_surrogate`` but at :math:`\psi`, and the factors
+            :math:`(M^{-1}, L_M, L_{M^{-1}})`; the first two None when the sums
+            are not finite there (the race then reads the raw terms).
         """
         if not self.terms._input_names:  # the terms read the block and the data only
-            return self.surrogate, self.coordinate_surrogate
+            return self.surrogate, self.coordinate_surrogate, self._mass()
         arrays = self.terms.other_arrays(point)
         key = inputs_key(arrays)
         refits = self._expansions.n_refits
@@ -714,7 +729,20 @@ class RacingMetropolis(RacingStep):
             log["n_evals"] += len(rows) * n_obs
             finite = bool(np.isfinite(sums).all())
             sur = QuadraticSurrogate(sur.theta_ref, sur.eps, sums, sur.full) if finite else sur
-        return (sur, cv) if finite else (None, None)
+        if not finite:
+            return None, None, self._mass()
+        mass = self._mass()
+        if cv is None and self.covariance is None:  # M from the Hessian at these inputs
+            f0_hess = self._f0_hessian(sur.theta_ref, point, self._f0_eps)
+            try:
+                mass = _mass_factors(_positive_definite(-(sur.hess + f0_hess)))
+            except np.linalg.LinAlgError:
+                pass  # keep the mass matrix as fitted
+        return sur, cv, mass
+
+    def _mass(self) -> tuple:
+        """Return the mass matrix as fitted: :math:`(M^{-1}, L_M, L_{M^{-1}})`."""
+        return self._inv_mass, self._chol_mass, self._chol_cov
 
     def _watch_refits(self, refits: int) -> None:
         """Warn once when the expansion is refitted at more than a quarter of the draws."""
@@ -749,11 +777,27 @@ class RacingMetropolis(RacingStep):
 
     # -- proposals ---------------------------------------------------------------------
 
-    def _proposal_surrogate(self, point):
-        """Return the surrogate the HMC proposal integrates: in ``expand_in`` when given."""
-        cv = self.coordinate_surrogate
+    def _proposal_expansion(self, point: dict, log: dict | None = None) -> tuple:
+        """Return the proposals' ``(surrogate, coordinate surrogate, mass)`` at ``point``.
+
+        With control variates, those at the other inputs' values in ``point``
+        (:meth:`_expansion_at`, its refits counted in ``log``), as the race
+        reads them; else, or where those sums are not finite, as fitted.
+        """
+        fitted = (self.surrogate, self.coordinate_surrogate, self._mass())
+        if not self.control_variates or self.surrogate is None:
+            return fitted
+        now = self._expansion_at(point, {"n_evals": 0, "refits": 0} if log is None else log)
+        return now if now[0] is not None else fitted
+
+    def _proposal_surrogate(self, point, log: dict | None = None, now: tuple | None = None):
+        """Return the surrogate the HMC proposal integrates: in ``expand_in`` when given.
+
+        ``now``: the proposals' expansion (:meth:`_proposal_expansion`), looked up when None.
+        """
+        sur, cv, _ = self._proposal_expansion(point, log) if now is None else now
         if cv is None:
-            return self.surrogate
+            return sur
         return CoordinateSurrogate(
             cv,
             lambda theta: self._coordinates_at(theta, point),
@@ -764,12 +808,14 @@ class RacingMetropolis(RacingStep):
         """Flat values of the ``expand_in`` Deterministics at the flat block ``theta``."""
         return self._to_coordinates(self._split(theta), point)
 
-    def _hmc(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, float]:
+    def _hmc(self, x: np.ndarray, point: dict, log: dict) -> tuple[np.ndarray, float]:
         """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
-        sur, inv_mass = self._proposal_surrogate(point), self._inv_mass
+        now = self._proposal_expansion(point, log)
+        sur = self._proposal_surrogate(point, now=now)
+        inv_mass, chol_mass, _ = now[2]
         eps = float(self.scaling) * self.rng.uniform(0.9, 1.1)
         n_steps = int(min(100, max(1, np.ceil(self._path / eps))))
-        p = self._chol_mass @ self.rng.standard_normal(self.dim)
+        p = chol_mass @ self.rng.standard_normal(self.dim)
         kinetic0 = 0.5 * p @ inv_mass @ p
 
         def grad(theta):
@@ -834,10 +880,11 @@ class RacingMetropolis(RacingStep):
                     x = x_new
         else:
             if self.proposal == "hmc":
-                x_new, extra = self._hmc(x, point)
+                x_new, extra = self._hmc(x, point, log)
             elif self.proposal == "normal":
                 if self.preconditioned:
-                    x_new = x + self.scaling * (self._chol_cov @ self.rng.standard_normal(len(x)))
+                    chol_cov = self._proposal_expansion(point, log)[2][2]
+                    x_new = x + self.scaling * (chol_cov @ self.rng.standard_normal(len(x)))
                     extra = 0.0
                 else:
                     x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
@@ -897,7 +944,7 @@ class RacingMetropolis(RacingStep):
         # an exact decision sums every term: a control variate would cancel from it
         sur = coordinate_sur = None
         if self.control_variates and self.surrogate is not None and not exact:
-            sur, coordinate_sur = self._expansion_at(point, log)
+            sur, coordinate_sur, _ = self._expansion_at(point, log)
         spent = [0]  # terms evaluated, stencil included
 
         def sums(arms):
@@ -1015,6 +1062,12 @@ def _stencil_steps(neg_hessian: np.ndarray) -> np.ndarray:
     """Stencil steps of a tenth of the posterior sd of each coordinate (Laplace)."""
     sd = np.sqrt(np.diag(np.linalg.inv(neg_hessian)))
     return np.clip(0.1 * sd, 1e-10, 1e-2)
+
+
+def _mass_factors(neg_hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return :math:`M^{-1}` and the Cholesky factors of :math:`M` and :math:`M^{-1}`."""
+    inv_mass = np.linalg.inv(neg_hessian)
+    return inv_mass, np.linalg.cholesky(neg_hessian), np.linalg.cholesky(inv_mass)
 
 
 def _positive_definite(matrix: np.ndarray) -> np.ndarray:
