@@ -38,6 +38,8 @@ _TARGET_HMC = 0.8
 _FALLBACK_AFTER = 100
 _FALLBACK_RATE = 0.05
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
+#: Newton steps at most that recentre the expansion at the other inputs' values (refits).
+_RECENTRE_STEPS = 10
 #: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
 _REFIT_AFTER = 50
 _REFIT_SHARE = 0.25
@@ -413,8 +415,15 @@ class RacingMetropolis(RacingStep):
         self.reset_tuning()
 
     def stop_tuning(self):
-        """End tuning: fix the step size; warn when the surrogate proposal accepts too little."""
+        """End tuning: fix the step size; warn when the surrogate proposal accepts too little.
+
+        When a refit moved the reference in tuning, the sums kept from earlier
+        references are dropped: after tuning, every refit starts from the same one.
+        """
         super().stop_tuning()
+        if self._reference_moved:
+            self._expansions.clear()
+            self._reference_moved = False
         if self._dual is not None:
             self.scaling = float(np.exp(self._dual.log_bar))
             rate = self._accept_sum / max(self._accept_n, 1)
@@ -663,6 +672,7 @@ class RacingMetropolis(RacingStep):
         self._refit_warned = False
         self._moved_inputs: set[str] = set()
         self._last_inputs: tuple | None = None
+        self._reference_moved = False  # in this tuning, by a refit (see _recentred)
 
     def _expansion_at(self, point: dict, log: dict) -> tuple:
         r"""Return the race's expansion with its sums at the other inputs' values in ``point``.
@@ -719,10 +729,7 @@ class RacingMetropolis(RacingStep):
             cv = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
             finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
         elif isinstance(sur, TaylorSurrogate):
-            value, grad, hess = self.terms.taylor_sums(sur.theta_ref, point, self._shapes)
-            log["n_evals"] += (self.dim + 1) * n_obs
-            sur = TaylorSurrogate(sur.theta_ref, value, grad, 0.5 * (hess + hess.T))
-            finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
+            return self._recentred(sur.theta_ref, point, log)
         else:
             rows = sur.points()
             sums = self._sums(rows, point)
@@ -739,6 +746,35 @@ class RacingMetropolis(RacingStep):
             except np.linalg.LinAlgError:
                 pass  # keep the mass matrix as fitted
         return sur, cv, mass
+
+    def _recentred(self, x: np.ndarray, point: dict, log: dict) -> tuple:
+        r"""Return the Taylor expansion at ``point``'s other inputs, recentred when far.
+
+        Newton steps on the block's log posterior given those inputs
+        (:meth:`_newton`, a full pass each) from the fitted reference
+        :math:`\hat\theta`, until the Newton decrement there is below
+        :math:`d` (the reference within about a posterior sd of the mode): one
+        pass where the other inputs moved little, more where they moved the
+        block's mode away. The result is a function of the inputs alone. In
+        tuning, the fitted reference moves to it (later refits start there);
+        :meth:`stop_tuning` then drops the sums computed from earlier ones.
+        Returns ``(surrogate, None, mass)`` as :meth:`_expansion_at`.
+        """
+        try:
+            for _ in range(_RECENTRE_STEPS):
+                sur, neg_h, x_next, decrement, cost = self._newton(x, self._f0_eps, point, None)
+                log["n_evals"] += cost
+                if decrement < self.dim:
+                    break
+                x = x_next
+            mass = self._mass() if self.covariance is not None else _mass_factors(neg_h)
+        except (FloatingPointError, np.linalg.LinAlgError):
+            return None, None, self._mass()
+        if not np.isfinite(sur.grad).all():
+            return None, None, self._mass()
+        if self.tune and sur.theta_ref is not self.surrogate.theta_ref:
+            self.surrogate, self._reference_moved = sur, True
+        return sur, None, mass
 
     def _mass(self) -> tuple:
         """Return the mass matrix as fitted: :math:`(M^{-1}, L_M, L_{M^{-1}})`."""

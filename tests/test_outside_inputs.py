@@ -169,7 +169,9 @@ def test_coefficients_beside_a_gibbs_selector_of_the_scale_match_the_exact_mixtu
     se = np.sqrt(weights[0] * (1 - weights[0]) / ess)
     assert abs(indicator.mean() - weights[0]) < 4 * se, (indicator.mean(), weights[0], se)
     # the sums are refitted once for each scale the chain reaches, then found in the cache
-    assert 1 <= step._expansions.n_refits <= len(SCALES) - 1
+    # (once more after tuning when a refit in tuning moved the reference)
+    assert int(idata.sample_stats["n_refits"].sum()) <= len(SCALES) - 1
+    assert 1 <= step._expansions.n_refits <= 2 * (len(SCALES) - 1)
 
 
 def test_nothing_refits_when_no_other_input_moves(normal_data):
@@ -181,3 +183,45 @@ def test_nothing_refits_when_no_other_input_moves(normal_data):
         idata = pm.sample(200, tune=100, chains=1, step=step, random_seed=3, **SAMPLE)
     assert int(idata.sample_stats["n_refits"].sum()) == 0
     assert step._expansions.n_refits == 0
+
+
+# -- a slope and a scale beside NUTS on group intercepts ----------------------------------
+
+
+def test_slope_and_scale_beside_nuts_on_intercepts_match_nuts_on_all():
+    """The intercepts start at 0, where the scale's mode sits far above its posterior.
+
+    The expansion fitted there is recentred at the intercepts' current values
+    (Newton steps at a refit): without that the chain mixes at an ESS near 10
+    per 2000 draws; with the old code, sigma's mean came out 0.96 against 0.80.
+    """
+    rng = np.random.default_rng(4)
+    n_obs, n_groups = 5000, 8
+    group = rng.integers(0, n_groups, n_obs)
+    x = rng.normal(size=n_obs)
+    y = rng.normal(0, 1, n_groups)[group] + 0.5 * x + rng.normal(0, 0.8, n_obs)
+    with pm.Model():
+        g_data, x_data, y_data = pm.Data("g", group), pm.Data("x", x), pm.Data("y", y)
+        mu_a = pm.Normal("mu_a", 0, 5)
+        sigma_a = pm.HalfNormal("sigma_a", 2)
+        a = pm.Normal("a", mu_a, sigma_a, shape=n_groups)
+        slope = pm.Normal("slope", 0, 5)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("obs", a[g_data] + slope * x_data, sigma, observed=y_data)
+        exact = pm.sample(1000, tune=500, chains=1, random_seed=5, **SAMPLE)
+        step = RacingMetropolis([slope, sigma])
+        with pytest.warns(UserWarning, match="depend on 'a', which another step moves"):
+            idata = pm.sample(
+                1000,
+                tune=500,
+                chains=1,
+                step=[pm.NUTS([mu_a, sigma_a, a]), step],
+                random_seed=5,
+                **SAMPLE,
+            )
+    for name in ("slope", "sigma"):
+        mean, sd, mcse, ess = _mean_sd_mcse(idata, name)
+        ref_mean, ref_sd, ref_mcse, _ = _mean_sd_mcse(exact, name)
+        assert ess > 100, (name, ess)
+        assert abs(mean - ref_mean) < 4 * np.hypot(mcse, ref_mcse), (name, mean, ref_mean)
+        assert abs(sd / ref_sd - 1) < 0.2, (name, sd, ref_sd)
