@@ -176,20 +176,22 @@ class RacingMetropolis(RacingStep):
     decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``n_raced`` (decisions raced; the
-    others were made exactly by the back-off), ``n_refits`` (passes over the
-    data that recomputed the control variates' sums, see below; their
-    evaluations are in ``n_evals``), ``audit_agree`` (1/0, −1 when not
+    others were made exactly by the back-off), ``n_refits`` (recomputations
+    of the control variates' sums, see below, each one or more passes over
+    the data counted in ``n_evals``), ``audit_agree`` (1/0, −1 when not
     audited) and ``tune``.
 
     The terms may read other value variables :math:`\psi` that other steps
     move. The exact sums of :math:`h_n` hold for one value of :math:`\psi`,
     and a race reads its residuals at the current one, so the sums are kept
     per value of :math:`\psi` (:class:`~pymc_subsample.expansion_cache.ExpansionCache`)
-    and recomputed with a full pass at a value not among the last few seen; the
-    reference point and the mass matrix stay as fitted. Where :math:`\psi`
-    changes at most draws (a continuous variable sampled by another step),
-    each draw pays that pass: the step stays right up to :math:`\delta` but
-    saves little, and warns, naming the inputs to put in its block.
+    and recomputed with a full pass at a value not among the last few seen
+    (with Newton steps that move the reference where :math:`\psi` moved the
+    block's mode away from it); the proposal's surrogate and mass matrix are
+    those at :math:`\psi` too. Where :math:`\psi` changes at most draws (a
+    continuous variable sampled by another step), each draw pays that pass:
+    the step stays right up to :math:`\delta` but saves little, and warns,
+    naming the inputs to put in its block.
     """
 
     name = "racing_metropolis"
@@ -665,7 +667,7 @@ class RacingMetropolis(RacingStep):
 
     def _init_refits(self) -> None:
         """Start the cache of the control variates' sums and the count of refits."""
-        #: the race's expansions by the other inputs' values: (surrogate, coordinate surrogate)
+        #: by the other inputs' values: (surrogate, coordinate surrogate, mass factors)
         self._expansions = ExpansionCache()
         self._refit_draws = 0  # draws made
         self._refit_count = 0  # refits in the draws after the first _REFIT_AFTER
@@ -682,10 +684,12 @@ class RacingMetropolis(RacingStep):
         at the current :math:`\psi`, so the exact sums added back must be too:
         :math:`\sum_n l_n(\theta; \psi) = \sum_n r_n(\theta; \psi) +
         \hat L(\psi) + G(\psi)^\top\Delta + \tfrac12\Delta^\top H(\psi)\Delta`
-        (or the stencil sums :math:`T_k(\psi)`), with the reference
-        :math:`\hat\theta` (and :math:`\hat\phi`, :math:`\epsilon`) as fitted.
-        Sums at values of :math:`\psi` not seen lately are recomputed with a
-        full pass (counted in ``log``). The proposals follow :math:`\psi` too
+        (or the stencil sums :math:`T_k(\psi)`), at the fitted reference
+        :math:`\hat\theta` (:math:`\hat\phi`, :math:`\epsilon`), or for an
+        expansion by automatic differentiation in the block, at one recentred
+        for :math:`\psi` (:meth:`_recentred`). Sums at values of :math:`\psi`
+        not seen lately are recomputed with a full pass (counted in ``log``).
+        The proposals follow :math:`\psi` too
         (:meth:`_proposal_expansion`): the HMC trajectory integrates this
         expansion, and the mass matrix is :math:`M(\psi) = -\nabla^2(\log f_0
         + \sum_n h_n)(\hat\theta)` at :math:`\psi` (as fitted with ``expand_in`` or
@@ -718,7 +722,7 @@ class RacingMetropolis(RacingStep):
         return entry
 
     def _refit(self, point: dict, log: dict) -> tuple:
-        """Recompute the race's sums at ``point``'s other inputs, one full pass; count it."""
+        """Recompute the race's sums at ``point``'s other inputs (full passes, in ``log``)."""
         n_obs, sur, cv = self.terms.n_obs, self.surrogate, self.coordinate_surrogate
         if cv is not None:  # the race reads the expansion in the Deterministics only
             ref = cv.theta_ref
