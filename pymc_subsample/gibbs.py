@@ -14,6 +14,7 @@ import numpy as np
 
 from .audit import scores_differ, zero_difference_share
 from .cost import compiled_look_cost
+from .expansion_cache import ExpansionCache, inputs_key
 from .graph import prior_points
 from .racing import RaceResult, sample_categorical
 from .racing.common import argmax_or_raise
@@ -297,7 +298,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self.control_variates = control_variates is not False and control_variates is not None
         self._fixed_reference = None
         self._reference = None
-        self._expansion_cache: dict = {}
+        self._expansion_cache = ExpansionCache()
         self._check_expand_in(expand_in, "pass control_variates=True or a reference point as well")
         if not self.control_variates:
             return
@@ -329,7 +330,7 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._reference = self._fixed_reference
         else:
             self._reference = {n: np.array(point[n], copy=True) for n in names}
-        self._expansion_cache = {}
+        self._expansion_cache.clear()
 
     def _shuffle(self) -> None:
         super()._shuffle()
@@ -349,12 +350,9 @@ class SubsampledCategoricalGibbs(RacingStep):
     def _expansion_shift(self, key, cands, point) -> np.ndarray:
         r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate."""
         ref = self._reference
-        cached = self._expansion_cache.get(key)
-        if cached is None:
-            if len(self._expansion_cache) > 64:
-                self._expansion_cache.clear()
-            cached = self.terms.expansion_sums(cands, point, ref)
-            self._expansion_cache[key] = cached
+        cached = self._expansion_cache.get(
+            key, lambda: self.terms.expansion_sums(cands, point, ref)
+        )
         values, grads, hess = cached
         step = self.terms.expansion_step(point, ref)
         shift = values + grads @ step
@@ -766,7 +764,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         terms = self.terms
         floats = set(terms.expansion_inputs())
         fixed = [np.asarray(point[n]) for n in terms._input_names if n not in floats]
-        key = (j, k, *(c.tobytes() for c in cands), *(f.tobytes() for f in fixed))
+        key = inputs_key([*cands, *fixed], j, k)
         shift = self._expansion_shift(key, cands, point)
         raw_rewards = lambda arms, idx: terms.loglik_batch([c[arms] for c in cands], idx, point)  # noqa: E731
         raw_totals = lambda arms: terms.loglik_sum([c[arms] for c in cands], point)  # noqa: E731

@@ -22,6 +22,7 @@ import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
 from .audit import scores_differ, zero_difference_share
+from .expansion_cache import ExpansionCache, inputs_key
 from .graph import continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test
@@ -38,6 +39,11 @@ _TARGET_HMC = 0.8
 _FALLBACK_AFTER = 100
 _FALLBACK_RATE = 0.05
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
+#: Newton steps at most that recentre the expansion at the other inputs' values (refits).
+_RECENTRE_STEPS = 10
+#: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
+_REFIT_AFTER = 50
+_REFIT_SHARE = 0.25
 
 
 class RacingMetropolis(RacingStep):
@@ -177,9 +183,23 @@ class RacingMetropolis(RacingStep):
     decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``n_raced`` (decisions raced; the
-    others were made exactly by the back-off), ``audit_agree`` (1/0, −1 when not
+    others were made exactly by the back-off), ``n_refits`` (recomputations
+    of the control variates' sums, see below, each one or more passes over
+    the data counted in ``n_evals``), ``audit_agree`` (1/0, −1 when not
     audited), ``audit_exact`` (the draw's decisions were exact because audits had
     found the races wrong) and ``tune``.
+
+    The terms may read other value variables :math:`\psi` that other steps
+    move. The exact sums of :math:`h_n` hold for one value of :math:`\psi`,
+    and a race reads its residuals at the current one, so the sums are kept
+    per value of :math:`\psi` (:class:`~pymc_subsample.expansion_cache.ExpansionCache`)
+    and recomputed with a full pass at a value not among the last few seen
+    (with Newton steps that move the reference where :math:`\psi` moved the
+    block's mode away from it); the proposal's surrogate and mass matrix are
+    those at :math:`\psi` too. Where :math:`\psi` changes at most draws (a
+    continuous variable sampled by another step), each draw pays that pass:
+    the step stays right up to :math:`\delta` but saves little, and warns,
+    naming the inputs to put in its block.
     """
 
     name = "racing_metropolis"
@@ -194,6 +214,7 @@ class RacingMetropolis(RacingStep):
         "n_audited": (np.int64, []),
         "n_wrong": (np.int64, []),
         "n_raced": (np.int64, []),
+        "n_refits": (np.int64, []),
         "audit_agree": (np.int8, []),
         "audit_exact": (bool, []),
         "tune": (bool, []),
@@ -375,6 +396,7 @@ class RacingMetropolis(RacingStep):
             self.coordinate_surrogate: TaylorSurrogate | None = None
             self._surrogate_failed = False
             self._chol_mass = self._inv_mass = self._chol_cov = None
+            self._init_refits()
         self._started = False
         scale = self._initial_scaling()
         self.scaling = np.full(self.dim, scale) if self.elemwise else scale
@@ -395,6 +417,7 @@ class RacingMetropolis(RacingStep):
         n_obs = self.terms.n_obs
         self.gradient_batch = min(int(self._gradient_batch or max(self.batch_size, 100)), n_obs)
         self.surrogate = self.coordinate_surrogate = None
+        self._expansions.clear()
         self._surrogate_failed = False
         self._chol_mass = self._inv_mass = self._chol_cov = None
 
@@ -404,8 +427,15 @@ class RacingMetropolis(RacingStep):
         self.reset_tuning()
 
     def stop_tuning(self):
-        """End tuning: fix the step size; warn when the surrogate proposal accepts too little."""
+        """End tuning: fix the step size; warn when the surrogate proposal accepts too little.
+
+        When a refit moved the reference in tuning, the sums kept from earlier
+        references are dropped: after tuning, every refit starts from the same one.
+        """
         super().stop_tuning()
+        if self._reference_moved:
+            self._expansions.clear()
+            self._reference_moved = False
         if self._dual is not None:
             self.scaling = float(np.exp(self._dual.log_bar))
             rate = self._accept_sum / max(self._accept_n, 1)
@@ -572,11 +602,10 @@ class RacingMetropolis(RacingStep):
         self.surrogate = sur
         if isinstance(sur, QuadraticSurrogate):
             self._stencil_cands = self._candidates(sur.points())  # evaluated on every batch
+        self._f0_eps = _stencil_steps(neg_hessian)  # steps of the refits' Hessians of log f0
         if self.covariance is not None:  # the user's estimate of the posterior covariance
             neg_hessian = np.linalg.inv(self.covariance)
-        self._inv_mass = np.linalg.inv(neg_hessian)
-        self._chol_mass = np.linalg.cholesky(neg_hessian)
-        self._chol_cov = np.linalg.cholesky(self._inv_mass)
+        self._inv_mass, self._chol_mass, self._chol_cov = _mass_factors(neg_hessian)
 
     def _ensure_surrogate(self, x, point) -> tuple[np.ndarray, int]:
         """Fit the surrogate if needed; at a chain's first tuning step, start in the bulk.
@@ -615,6 +644,9 @@ class RacingMetropolis(RacingStep):
                         UserWarning,
                         stacklevel=3,
                     )
+            # the sums just fitted belong to the other inputs' values at this point
+            entry = (self.surrogate, self.coordinate_surrogate, self._mass())
+            self._expansions.put(inputs_key(self.terms.other_arrays(point)), entry)
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
@@ -641,13 +673,181 @@ class RacingMetropolis(RacingStep):
         self.coordinate_surrogate = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
         return (len(ref) + 1) * self.terms.n_obs
 
+    # -- the expansion at the other inputs' current values ----------------------------
+
+    def _init_refits(self) -> None:
+        """Start the cache of the control variates' sums and the count of refits."""
+        #: by the other inputs' values: (surrogate, coordinate surrogate, mass factors)
+        self._expansions = ExpansionCache()
+        self._refit_draws = 0  # draws made
+        self._refit_count = 0  # refits in the draws after the first _REFIT_AFTER
+        self._refit_warned = False
+        self._moved_inputs: set[str] = set()
+        self._last_inputs: tuple | None = None
+        self._reference_moved = False  # in this tuning, by a refit (see _recentred)
+
+    def _expansion_at(self, point: dict, log: dict) -> tuple:
+        r"""Return the race's expansion with its sums at the other inputs' values in ``point``.
+
+        The terms :math:`l_n(\theta; \psi)` read other value variables
+        :math:`\psi` that other steps move. The residuals on a batch are taken
+        at the current :math:`\psi`, so the exact sums added back must be too:
+        :math:`\sum_n l_n(\theta; \psi) = \sum_n r_n(\theta; \psi) +
+        \hat L(\psi) + G(\psi)^\top\Delta + \tfrac12\Delta^\top H(\psi)\Delta`
+        (or the stencil sums :math:`T_k(\psi)`), at the fitted reference
+        :math:`\hat\theta` (:math:`\hat\phi`, :math:`\epsilon`), or for an
+        expansion by automatic differentiation in the block, at one recentred
+        for :math:`\psi` (:meth:`_recentred`). Sums at values of :math:`\psi`
+        not seen lately are recomputed with a full pass (counted in ``log``).
+        The proposals follow :math:`\psi` too
+        (:meth:`_proposal_expansion`): the HMC trajectory integrates this
+        expansion, and the mass matrix is :math:`M(\psi) = -\nabla^2(\log f_0
+        + \sum_n h_n)(\hat\theta)` at :math:`\psi` (as fitted with ``expand_in`` or
+        ``covariance``), functions of :math:`\psi` only, so valid proposals for
+        the block given :math:`\psi`.
+
+        Returns
+        -------
+        tuple
+            ``(surrogate, coordinate surrogate, mass)``: as ``self.surrogate`` and
+            ``self.coordinate_surrogate`` but at :math:`\psi`, and the factors
+            :math:`(M^{-1}, L_M, L_{M^{-1}})`; the first two None when the sums
+            are not finite there (the race then reads the raw terms).
+        """
+        if not self.terms._input_names:  # the terms read the block and the data only
+            return self.surrogate, self.coordinate_surrogate, self._mass()
+        arrays = self.terms.other_arrays(point)
+        key = inputs_key(arrays)
+        refits = self._expansions.n_refits
+        entry = self._expansions.get(key, lambda: self._refit(point, log))
+        if self._expansions.n_refits > refits:
+            log["refits"] += 1
+            last = self._last_inputs
+            if last is not None:
+                names = self.terms._input_names
+                self._moved_inputs.update(
+                    n for n, a, b in zip(names, last, key, strict=True) if a != b
+                )
+        self._last_inputs = key
+        return entry
+
+    def _refit(self, point: dict, log: dict) -> tuple:
+        """Recompute the race's sums at ``point``'s other inputs (full passes, in ``log``)."""
+        n_obs, sur, cv = self.terms.n_obs, self.surrogate, self.coordinate_surrogate
+        if cv is not None:  # the race reads the expansion in the Deterministics only
+            ref = cv.theta_ref
+            value, grad, hess = self.terms.taylor_sums(
+                ref, point, self._coordinate_shapes, coordinates=self._coordinates
+            )
+            log["n_evals"] += (len(ref) + 1) * n_obs
+            cv = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
+            finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
+        elif isinstance(sur, TaylorSurrogate):
+            return self._recentred(sur.theta_ref, point, log)
+        else:
+            rows = sur.points()
+            sums = self._sums(rows, point)
+            log["n_evals"] += len(rows) * n_obs
+            finite = bool(np.isfinite(sums).all())
+            sur = QuadraticSurrogate(sur.theta_ref, sur.eps, sums, sur.full) if finite else sur
+        if not finite:
+            return None, None, self._mass()
+        mass = self._mass()
+        if cv is None and self.covariance is None:  # M from the Hessian at these inputs
+            f0_hess = self._f0_hessian(sur.theta_ref, point, self._f0_eps)
+            try:
+                mass = _mass_factors(_positive_definite(-(sur.hess + f0_hess)))
+            except np.linalg.LinAlgError:
+                pass  # keep the mass matrix as fitted
+        return sur, cv, mass
+
+    def _recentred(self, x: np.ndarray, point: dict, log: dict) -> tuple:
+        r"""Return the Taylor expansion at ``point``'s other inputs, recentred when far.
+
+        Newton steps on the block's log posterior given those inputs
+        (:meth:`_newton`, a full pass each) from the fitted reference
+        :math:`\hat\theta`, until the Newton decrement there is below
+        :math:`d` (the reference within about a posterior sd of the mode): one
+        pass where the other inputs moved little, more where they moved the
+        block's mode away. The result is a function of the inputs alone. In
+        tuning, the fitted reference moves to it (later refits start there);
+        :meth:`stop_tuning` then drops the sums computed from earlier ones.
+        Returns ``(surrogate, None, mass)`` as :meth:`_expansion_at`.
+        """
+        try:
+            for _ in range(_RECENTRE_STEPS):
+                sur, neg_h, x_next, decrement, cost = self._newton(x, self._f0_eps, point, None)
+                log["n_evals"] += cost
+                if decrement < self.dim:
+                    break
+                x = x_next
+            mass = self._mass() if self.covariance is not None else _mass_factors(neg_h)
+        except (FloatingPointError, np.linalg.LinAlgError):
+            return None, None, self._mass()
+        if not np.isfinite(sur.grad).all():
+            return None, None, self._mass()
+        if self.tune and sur.theta_ref is not self.surrogate.theta_ref:
+            self.surrogate, self._reference_moved = sur, True
+        return sur, None, mass
+
+    def _mass(self) -> tuple:
+        """Return the mass matrix as fitted: :math:`(M^{-1}, L_M, L_{M^{-1}})`."""
+        return self._inv_mass, self._chol_mass, self._chol_cov
+
+    def _watch_refits(self, refits: int) -> None:
+        """Warn once when the expansion is refitted at more than a quarter of the draws."""
+        self._refit_draws += 1
+        watched = self._refit_draws - _REFIT_AFTER
+        if watched <= 0:
+            return
+        self._refit_count += refits
+        if self._refit_warned or watched < _REFIT_AFTER:
+            return
+        if self._refit_count <= _REFIT_SHARE * watched:
+            return
+        self._refit_warned = True
+        moved = sorted(self._moved_inputs) or list(self.terms._input_names)
+        values = {v.name: v for v in self.model.value_vars}
+        rvs = [self.model.values_to_rvs[values[n]] for n in moved]
+        continuous = [rv.name for rv in rvs if rv.dtype.startswith("float")]
+        fix = (
+            f"put {', '.join(repr(n) for n in continuous)} in this step's block"
+            if continuous
+            else "an exact step for this block costs about as much"
+        )
+        warnings.warn(
+            f"RacingMetropolis: the likelihood terms of "
+            f"{', '.join(v.name for v in self.vars)} depend on "
+            f"{', '.join(repr(n) for n in moved)}, which another step moves; the expansion "
+            f"was refitted at {self._refit_count} of {watched} draws, each a full "
+            f"pass over the data, so races save little: {fix}",
+            UserWarning,
+            stacklevel=4,
+        )
+
     # -- proposals ---------------------------------------------------------------------
 
-    def _proposal_surrogate(self, point):
-        """Return the surrogate the HMC proposal integrates: in ``expand_in`` when given."""
-        cv = self.coordinate_surrogate
+    def _proposal_expansion(self, point: dict, log: dict | None = None) -> tuple:
+        """Return the proposals' ``(surrogate, coordinate surrogate, mass)`` at ``point``.
+
+        With control variates, those at the other inputs' values in ``point``
+        (:meth:`_expansion_at`, its refits counted in ``log``), as the race
+        reads them; else, or where those sums are not finite, as fitted.
+        """
+        fitted = (self.surrogate, self.coordinate_surrogate, self._mass())
+        if not self.control_variates or self.surrogate is None:
+            return fitted
+        now = self._expansion_at(point, {"n_evals": 0, "refits": 0} if log is None else log)
+        return now if now[0] is not None else fitted
+
+    def _proposal_surrogate(self, point, log: dict | None = None, now: tuple | None = None):
+        """Return the surrogate the HMC proposal integrates: in ``expand_in`` when given.
+
+        ``now``: the proposals' expansion (:meth:`_proposal_expansion`), looked up when None.
+        """
+        sur, cv, _ = self._proposal_expansion(point, log) if now is None else now
         if cv is None:
-            return self.surrogate
+            return sur
         return CoordinateSurrogate(
             cv,
             lambda theta: self._coordinates_at(theta, point),
@@ -658,12 +858,14 @@ class RacingMetropolis(RacingStep):
         """Flat values of the ``expand_in`` Deterministics at the flat block ``theta``."""
         return self._to_coordinates(self._split(theta), point)
 
-    def _hmc(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, float]:
+    def _hmc(self, x: np.ndarray, point: dict, log: dict) -> tuple[np.ndarray, float]:
         """Leapfrog on the surrogate; return the proposal and K(p) - K(p')."""
-        sur, inv_mass = self._proposal_surrogate(point), self._inv_mass
+        now = self._proposal_expansion(point, log)
+        sur = self._proposal_surrogate(point, now=now)
+        inv_mass, chol_mass, _ = now[2]
         eps = float(self.scaling) * self.rng.uniform(0.9, 1.1)
         n_steps = int(min(100, max(1, np.ceil(self._path / eps))))
-        p = self._chol_mass @ self.rng.standard_normal(self.dim)
+        p = chol_mass @ self.rng.standard_normal(self.dim)
         kinetic0 = 0.5 * p @ inv_mass @ p
 
         def grad(theta):
@@ -710,7 +912,14 @@ class RacingMetropolis(RacingStep):
         exact_mode = self.audit_exact  # as at the draw's start
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
-        log = {"n_evals": spent, "exhausted": False, "audited": 0, "wrong": 0, "raced": 0}
+        log = {
+            "n_evals": spent,
+            "exhausted": False,
+            "audited": 0,
+            "wrong": 0,
+            "raced": 0,
+            "refits": 0,
+        }
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
             accept = np.zeros(len(x))
@@ -722,10 +931,11 @@ class RacingMetropolis(RacingStep):
                     x = x_new
         else:
             if self.proposal == "hmc":
-                x_new, extra = self._hmc(x, point)
+                x_new, extra = self._hmc(x, point, log)
             elif self.proposal == "normal":
                 if self.preconditioned:
-                    x_new = x + self.scaling * (self._chol_cov @ self.rng.standard_normal(len(x)))
+                    chol_cov = self._proposal_expansion(point, log)[2][2]
+                    x_new = x + self.scaling * (chol_cov @ self.rng.standard_normal(len(x)))
                     extra = 0.0
                 else:
                     x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
@@ -751,6 +961,7 @@ class RacingMetropolis(RacingStep):
             "n_audited": log["audited"],
             "n_wrong": log["wrong"],
             "n_raced": log["raced"],
+            "n_refits": log["refits"],
             "audit_agree": (AUDIT_DISAGREE if log["wrong"] else AUDIT_AGREE)
             if log["audited"]
             else AUDIT_NOT_RUN,
@@ -759,6 +970,7 @@ class RacingMetropolis(RacingStep):
         }
         if self.tune:
             self._tune_step(accepted, accept)
+        self._watch_refits(log["refits"])
         if accepted.any() or x is not x0:
             point = dict(point)
             for v, value in zip(self.vars, self._split(x), strict=True):
@@ -787,7 +999,11 @@ class RacingMetropolis(RacingStep):
             log["exhausted"] = True
             return bool(log_u < log_alpha), float(np.exp(min(0.0, log_alpha)))
         exact_part = log_f0[1] - log_f0[0] + extra
-        sur = self.surrogate if self.control_variates else None
+        exact = self.decides_exactly or self._backoff.take(key)
+        # an exact decision sums every term: a control variate would cancel from it
+        sur = coordinate_sur = None
+        if self.control_variates and self.surrogate is not None and not exact:
+            sur, coordinate_sur, _ = self._expansion_at(point, log)
         spent = [0]  # terms evaluated, stencil included
 
         def sums(arms):
@@ -804,8 +1020,8 @@ class RacingMetropolis(RacingStep):
 
         elif isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
             rows, shapes, coords = pair, self._shapes, ()
-            if self.coordinate_surrogate is not None:  # expanded in the Deterministics
-                sur, coords = self.coordinate_surrogate, self._coordinates
+            if coordinate_sur is not None:  # expanded in the Deterministics
+                sur, coords = coordinate_sur, self._coordinates
                 shapes = self._coordinate_shapes
                 rows = np.stack([self._coordinates_at(r, point) for r in pair])
             h_total = sur.total(rows)
@@ -832,7 +1048,6 @@ class RacingMetropolis(RacingStep):
                 spent[0] += values.size
                 return values[k + arms] - weights[arms] @ values[:k]
 
-        exact = self.decides_exactly or self._backoff.take(key)
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
@@ -924,6 +1139,12 @@ def _stencil_steps(neg_hessian: np.ndarray) -> np.ndarray:
     """Stencil steps of a tenth of the posterior sd of each coordinate (Laplace)."""
     sd = np.sqrt(np.diag(np.linalg.inv(neg_hessian)))
     return np.clip(0.1 * sd, 1e-10, 1e-2)
+
+
+def _mass_factors(neg_hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return :math:`M^{-1}` and the Cholesky factors of :math:`M` and :math:`M^{-1}`."""
+    inv_mass = np.linalg.inv(neg_hessian)
+    return inv_mass, np.linalg.cholesky(neg_hessian), np.linalg.cholesky(inv_mass)
 
 
 def _positive_definite(matrix: np.ndarray) -> np.ndarray:
