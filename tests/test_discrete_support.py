@@ -110,7 +110,13 @@ def test_binomial_scale_matches_enumeration():
 
 
 @pytest.mark.parametrize(
-    "kind", ["beta_binomial", "hypergeometric", "ordered_logistic", "truncated_poisson"]
+    "kind",
+    [
+        pytest.param("beta_binomial", marks=pytest.mark.slow),
+        pytest.param("hypergeometric", marks=pytest.mark.slow),
+        "ordered_logistic",
+        "truncated_poisson",
+    ],
 )
 def test_other_supports_match_enumeration(kind):
     rng = np.random.default_rng(5)

@@ -437,12 +437,37 @@ def check_metropolis(model, name, point, n_tune, n_draws, settings):
     return step
 
 
+#: Models whose RacingMetropolis check runs by default (one per kind of likelihood); the
+#: others' runs are marked slow, to keep the default suite short.
+METROPOLIS_DEFAULT = {
+    normal_grid,
+    linear_regression_discrete_scale,
+    logistic_spike_and_slab,
+    poisson_offset,
+    custom_dist_laplace,
+    censored,
+    student_t,
+    change_point_discrete_uniform,
+}
+
+
 @pytest.mark.parametrize("builder", ACCEPTED, ids=lambda f: f.__name__)
-def test_zoo_model_is_drawn_right(builder):
+def test_zoo_model_is_drawn_right_by_gibbs(builder):
     model, spec, point = _build(builder, 300)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # e.g. a tuning note on a tiny N
         check_gibbs(model, spec["gibbs"], point, 600, FAST)
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [b if b in METROPOLIS_DEFAULT else pytest.param(b, marks=pytest.mark.slow) for b in ACCEPTED],
+    ids=lambda f: f.__name__,
+)
+def test_zoo_model_is_drawn_right_by_racing_metropolis(builder):
+    model, spec, point = _build(builder, 300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
         check_metropolis(model, spec["mh"], point, 200, 1200, FAST)
 
 

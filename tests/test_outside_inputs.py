@@ -82,7 +82,9 @@ class _StencilMetropolis(RacingMetropolis):
         return False
 
 
-@pytest.mark.parametrize("expansion", ["taylor", "stencil", "expand_in"])
+@pytest.mark.parametrize(
+    "expansion", ["taylor", "stencil", pytest.param("expand_in", marks=pytest.mark.slow)]
+)
 def test_mean_beside_nuts_on_the_scale_matches_the_exact_posterior(normal_data, expansion):
     y = normal_data
     with pm.Model():

@@ -61,7 +61,7 @@ def location_scale_moments(y) -> dict:
     return out
 
 
-@pytest.mark.parametrize("n_obs", [1, 2])
+@pytest.mark.parametrize("n_obs", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_location_scale_block_moves_and_matches_quadrature(n_obs):
     """(mu, sigma) in one block, N = 1 or 2: a funnel in (mu, log sigma).
 
