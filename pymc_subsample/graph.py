@@ -31,6 +31,7 @@ All of them take the other value variables from a point dictionary.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -733,11 +734,20 @@ class ObservationTerms:
 
         For :func:`~pymc_subsample.racing.compiled.race_compiled`: None without
         a row-permuted copy read as blocks, or when the rows function was not
-        compiled by Numba. Its inputs are the candidates, the gathered rows of
-        every per-observation input and :meth:`other_arrays`.
+        compiled by Numba, or when the kernel reads more than the candidates,
+        the gathered rows of every per-observation input and :meth:`other_arrays`
+        (e.g. a ``dims`` length or another ``pm.Data`` that PyTensor passes as an
+        input of its own): the Python race serves those.
         """
         jit_fn = getattr(getattr(self._rows_fn, "vm", None), "jit_fn", None)
         if jit_fn is None or self.batches != "blocks" or not self._permuted:
+            return None
+        expected = len(self._cands) + len(self.data) + len(self.inputs)
+        try:
+            n_params = len(inspect.signature(jit_fn.py_func).parameters)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        if n_params != expected:
             return None
         return CompiledRewards(jit_fn, self._permuted_values)
 

@@ -87,3 +87,14 @@ def test_change_point_draws_match_the_exact_conditional(n_obs, n_values, width):
     tv = 0.5 * np.abs(emp - p).sum()
     # Gibbs draws of s alone are i.i.d. from its conditional: compare with i.i.d. exact draws
     assert tv <= _tv_bound(p, len(draws), np.random.default_rng(0)) + 0.05  # + delta
+
+
+def test_rewards_equal_up_to_rounding_count_as_equal():
+    """Taylor residuals of a term linear in the parameter differ by rounding, not by zero."""
+    rng = np.random.default_rng(0)
+    batch = np.zeros((2, 100))
+    batch[:, :5] = rng.normal(size=(2, 5)) * 0.01  # rows where the arms really differ
+    batch[:, 5:] = rng.normal(size=(2, 95)) * 1e-17  # rounding of an exact expansion
+    assert sparse_arms(batch, 0).tolist() == [False, True]
+    batch[1, 5:] += 1e-6  # a dense, if small, difference
+    assert sparse_arms(batch, 0).tolist() == [False, False]

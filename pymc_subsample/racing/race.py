@@ -48,6 +48,7 @@ from .schedule import ExactSwitch, doubling_schedule, position_stream
 __all__ = [
     "BATCHES",
     "SPARSE_SHARE",
+    "SPARSE_TOLERANCE",
     "RaceConfig",
     "RaceState",
     "SharedRace",
@@ -68,14 +69,23 @@ _NO_WIDTH = (-1.0, 0.0)  # no give-up count in a look
 #: and a bound estimated from a batch that may hold none of them is not to be trusted.
 SPARSE_SHARE = 0.5
 
+#: Rewards count as equal when they differ by at most this fraction of the look's largest
+#: reward: residuals of an expansion that is exact on a row (a term linear in the
+#: parameter there) differ by rounding, not by zero.
+SPARSE_TOLERANCE = 1e-9
+
 
 def sparse_arms(batch: np.ndarray, lead: int) -> np.ndarray:
-    """Return which arms' rewards equal the leader's on more than :data:`SPARSE_SHARE` of a look.
+    r"""Return which arms' rewards equal the leader's on more than :data:`SPARSE_SHARE` of a look.
+
+    Rewards :math:`r_{in}` and :math:`r_{\hat x n}` count as equal when
+    :math:`|r_{in} - r_{\hat x n}| \le \epsilon \max_{j,m} |r_{jm}|`, with
+    :math:`\epsilon` = :data:`SPARSE_TOLERANCE`.
 
     Parameters
     ----------
     batch : numpy.ndarray
-        ``(arms, m)`` rewards of the look.
+        ``(arms, m)`` rewards of the look (finite).
     lead : int
         Row of the leader in ``batch``.
 
@@ -84,7 +94,9 @@ def sparse_arms(batch: np.ndarray, lead: int) -> np.ndarray:
     numpy.ndarray
         Boolean, one per arm; False for the leader.
     """
-    same = np.count_nonzero(batch == batch[lead], axis=1) > SPARSE_SHARE * batch.shape[1]
+    tolerance = SPARSE_TOLERANCE * float(np.abs(batch).max()) if batch.size else 0.0
+    close = np.abs(batch - batch[lead]) <= tolerance
+    same = np.count_nonzero(close, axis=1) > SPARSE_SHARE * batch.shape[1]
     same[lead] = False
     return same
 
