@@ -31,7 +31,6 @@ All of them take the other value variables from a point dictionary.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -743,11 +742,8 @@ class ObservationTerms:
         if jit_fn is None or self.batches != "blocks" or not self._permuted:
             return None
         expected = len(self._cands) + len(self.data) + len(self.inputs)
-        try:
-            n_params = len(inspect.signature(jit_fn.py_func).parameters)
-        except (AttributeError, TypeError, ValueError):
-            return None
-        if n_params != expected:
+        fgraph = getattr(getattr(self._rows_fn, "maker", None), "fgraph", None)
+        if fgraph is None or len(fgraph.inputs) != expected:  # shared inputs of its own
             return None
         return CompiledRewards(jit_fn, self._permuted_values)
 
