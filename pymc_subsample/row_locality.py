@@ -205,7 +205,7 @@ def _follow(op, node, ins, report, sources) -> _Row | None:
     if isinstance(op, Subtensor):
         return _subtensor(op, ins, report, sources)
     if isinstance(op, AdvancedSubtensor):
-        return _advanced_subtensor(op, node, ins, report, sources)
+        return _advanced_subtensor(op, ins, report, sources)
     if isinstance(op, Join):
         return _join(node, ins, report, sources)
     if isinstance(op, Alloc):
@@ -238,7 +238,7 @@ def _subtensor(op, ins, report, sources) -> _Row | None:
     return _Row(row.axis - dropped, sources)
 
 
-def _advanced_subtensor(op, node, ins, report, sources) -> _Row | None:
+def _advanced_subtensor(op, ins, report, sources) -> _Row | None:
     x, indices = ins[0], ins[1:]
     idx = list(op.idx_list)
     if x is not None:
@@ -247,7 +247,10 @@ def _advanced_subtensor(op, node, ins, report, sources) -> _Row | None:
             report("a gather along the observation axis (y[index])", sources)
             return None
         if all(r is None for r in indices):
-            return None if x is None else _row_unmoved(x, idx, node, report, sources)
+            if any(isinstance(e, int) for e in idx[: x.axis]):  # constant indices before it
+                report("an advanced index before the observation axis", sources, definite=False)
+                return None
+            return _Row(x.axis, sources)
         report("a gather of observations by observation-indexed positions", sources)
         return None
     # a table (parameters, group-level values) gathered by per-observation indices
@@ -259,14 +262,6 @@ def _advanced_subtensor(op, node, ins, report, sources) -> _Row | None:
         report("an advanced index the rule does not follow", sources, definite=False)
         return None
     return _Row(positions[0] + axes.pop(), sources)
-
-
-def _row_unmoved(x, idx, node, report, sources) -> _Row | None:
-    """Advanced indexing with constant indices on axes other than the observations'."""
-    if any(isinstance(e, int) for e in idx[: x.axis]):
-        report("an advanced index before the observation axis", sources, definite=False)
-        return None
-    return _Row(x.axis, sources)
 
 
 def _join(node, ins, report, sources) -> _Row | None:
