@@ -121,6 +121,30 @@ def prior_points(model, n: int, seed: int) -> list[dict]:
         return []
 
 
+def _slice_rows(positions: slice, n_obs: int) -> np.ndarray:
+    """Return the int64 indices of a slice of ``n_obs`` positions."""
+    return np.arange(*positions.indices(n_obs), dtype=np.int64)
+
+
+def _rows_view(buf: np.ndarray) -> np.ndarray:
+    """Return ``buf`` (C-contiguous) as a 1-D array with one element per row, for shuffles."""
+    if buf.ndim == 1 or len(buf) == 0 or buf[0].nbytes == 0:
+        return buf
+    return buf.reshape(len(buf), -1).view(np.dtype((np.void, buf[0].nbytes))).reshape(len(buf))
+
+
+def _own_buffer(buf: np.ndarray, src: np.ndarray) -> bool:
+    """Return True when ``buf`` can receive a copy of ``src`` in place (a buffer of its own)."""
+    return (
+        isinstance(buf, np.ndarray)
+        and buf.shape == src.shape
+        and buf.dtype == src.dtype
+        and buf.flags.c_contiguous
+        and buf.flags.writeable
+        and not np.may_share_memory(buf, src)
+    )
+
+
 class ModelSplitError(ValueError):
     """The model's likelihood cannot be split into per-observation terms."""
 
@@ -301,7 +325,10 @@ class ObservationTerms:
         self._graphs = (idx, subset, log_f0)
         self._loglik = loglik
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
-        self._perm = np.arange(self.n_obs)
+        # the row permutation is kept as the RNG state that drew it (materialised, as int32
+        # below 2**31 rows, only when positions_to_rows asks): the copies hold its effect
+        self._perm_state = None
+        self._perm = None
         self._permuted = []
         if batches in ("blocks", "windows"):
             self._permuted = [
@@ -617,7 +644,9 @@ class ObservationTerms:
                 "cannot take up the new data"
             )
         self.n_obs = new_n
-        self._perm = np.arange(new_n)
+        self._perm_state = None  # the identity until the next shuffle
+        self._perm = None
+        # the copies share the new arrays until the next shuffle, which gives them their own
         for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
             p.set_value(d.get_value(borrow=True), borrow=True)
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
@@ -632,14 +661,46 @@ class ObservationTerms:
         uniformly random subset of observations drawn without replacement.
         Without a permuted copy (``batches="random"``) there is nothing to
         redraw: every race draws its own uniformly random rows.
+
+        The copies are rewritten in place (the data copied in, then their rows
+        shuffled, every input by the same draws): no index array of length
+        :math:`N` and no second copy is allocated. The permutation is the one
+        ``rng.permutation(N)`` would return, and ``rng`` ends in the same state.
         """
         if not self._permuted:
             return
-        self._perm = rng.permutation(self.n_obs)
-        for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
-            p.set_value(d.get_value(borrow=True).take(self._perm, axis=0), borrow=True)
+        state = rng.bit_generator.state
+        for d, p in zip(self.data, self._permuted, strict=True):
+            src = d.get_value(borrow=True)
+            buf = p.get_value(borrow=True)
+            if not _own_buffer(buf, src):
+                buf = np.empty_like(src, order="C")
+                p.set_value(buf, borrow=True)
+            np.copyto(buf, src)
+            rng.bit_generator.state = state
+            rng.shuffle(_rows_view(buf))
+        self._perm_state = (type(rng.bit_generator), state)
+        self._perm = None
         # the arrays behind the copies, read by every gather (set only here)
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
+
+    def permutation(self) -> np.ndarray:
+        """Return the current row permutation: position ``i`` of the copies holds its row.
+
+        Materialised on first call after a :meth:`shuffle` (int32 below
+        :math:`2^{31}` rows) from the RNG state that drew it; the identity
+        without a permuted copy.
+        """
+        if self._perm is None:
+            dtype = np.int32 if self.n_obs < 2**31 else np.int64
+            perm = np.arange(self.n_obs, dtype=dtype)
+            if self._perm_state is not None and self._permuted:
+                kind, state = self._perm_state
+                gen = np.random.Generator(kind())
+                gen.bit_generator.state = state
+                gen.shuffle(perm)
+            self._perm = perm
+        return self._perm
 
     def loglik_subset(
         self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict
@@ -692,8 +753,12 @@ class ObservationTerms:
             Shape ``(K, n)`` for ``n`` positions.
         """
         if isinstance(positions, slice):
-            if self._window_fn is None:
-                return self.loglik_subset(candidates, self._perm[positions], point)
+            if not self._permuted:  # positions are rows
+                return self.loglik_subset(candidates, _slice_rows(positions, self.n_obs), point)
+            if self._window_fn is None:  # a slice of the copies: views, no gather
+                cands, others = self._exact_arrays(candidates, point)
+                rows = [p[positions] for p in self._permuted_values]
+                return self._rows_fn(*cands, *rows, *others)
             cands, others = self._exact_arrays(candidates, point)
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
@@ -708,25 +773,31 @@ class ObservationTerms:
     def _at_positions(self, positions, window, get_gather, head, tail) -> np.ndarray:
         """Call ``window(*head, start, stop, *tail)`` on a slice of the permuted copy.
 
-        Otherwise (no copy, or int positions) ``get_gather()(*head, rows, *tail)``
-        on the data rows at ``positions``.
+        Otherwise (no copy, or int positions) ``get_gather()(*head, idx, *tail)``
+        with ``idx`` the positions: the gather reads the permuted copies
+        (:meth:`_on_batches`), or the data rows without a copy.
         """
-        if isinstance(positions, slice) and window is not None:
-            start = np.asarray(positions.start, dtype=np.int64)
-            stop = np.asarray(positions.stop, dtype=np.int64)
-            return window(*head, start, stop, *tail)
-        rows = np.asarray(self.positions_to_rows(positions), dtype=np.int64)
-        return get_gather()(*head, rows, *tail)
+        if isinstance(positions, slice):
+            if window is not None:
+                start = np.asarray(positions.start, dtype=np.int64)
+                stop = np.asarray(positions.stop, dtype=np.int64)
+                return window(*head, start, stop, *tail)
+            positions = _slice_rows(positions, self.n_obs)
+        return get_gather()(*head, np.asarray(positions, dtype=np.int64), *tail)
 
     def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
         """Return the data rows at ``positions`` of the current row permutation.
 
         Without a permuted copy (``batches="random"``) the permutation is the
-        identity and index arrays are returned as they are.
+        identity and index arrays are returned as they are (slices as index
+        arrays). With one, the permutation is materialised on first use
+        (:meth:`permutation`).
         """
-        if not self._permuted and not isinstance(positions, slice):
+        if not self._permuted:
+            if isinstance(positions, slice):
+                return _slice_rows(positions, self.n_obs)
             return positions
-        return self._perm[positions]
+        return self.permutation()[positions]
 
     def compiled_rows(self) -> CompiledRewards | None:
         """Return the rows function's Numba kernel on the permuted copies (random blocks).
@@ -1081,9 +1152,8 @@ class ObservationTerms:
         sizes = [int(np.prod(s, dtype=int)) for s in shapes]
         bounds = np.cumsum([0, *sizes])
         variables, loglik = self.vars, self._loglik
-        idx_var, subset, _ = self._graphs
-        windows = self._window_graph
-        first = self._first_positions
+        idx_var = self._graphs[0]
+        subset, windows, first = self._on_batches(loglik)
         if coordinates:
             variables = [d.type(name=f"{d.name}_coordinate") for d in coordinates]
             loglik = self._loglik_with(dict(zip(coordinates, variables, strict=True)))
@@ -1167,10 +1237,15 @@ class ObservationTerms:
         """Return the graphs of ``loglik`` on gathered rows, on windows, on the first positions.
 
         As the terms' own (``__init__``): ``(subset, windows, first)``, where
-        ``windows`` and ``first`` are ``(start, stop, graph)`` or None.
+        ``windows`` and ``first`` are ``(start, stop, graph)`` or None, and
+        ``subset`` gathers positions: of the permuted copies when there are
+        some, else rows of the data.
         """
         idx_var = self._graphs[0]
-        subset = graph_replace(loglik, {d: d[idx_var] for d in self.data}, strict=False)
+        source = self._permuted or self.data
+        subset = graph_replace(
+            loglik, {d: s[idx_var] for d, s in zip(self.data, source, strict=True)}, strict=False
+        )
         first = None
         if self._first_positions is not None:
             start, stop, _ = self._first_positions
