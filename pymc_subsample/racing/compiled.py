@@ -34,8 +34,9 @@ import weakref
 from collections import OrderedDict
 
 import numpy as np
-from numba import carray, cfunc, njit, types
+from numba import carray, njit, types
 
+from .._numba_cache import cfunc_cached, njit_cached
 from .common import RaceResult, TotalsFn, check_reward_values
 from .kernels import look_normal, stuck_arms
 from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
@@ -99,7 +100,7 @@ def driver(cand, {args}, bits, seed, ints, reals, offsets):
 """
 
 
-@njit(cache=True)
+@njit_cached()
 def _layout(ints, d):  # pragma: no cover - compiled
     """Where the race's state lies in the packed buffers: ``(out, alive, rows)``.
 
@@ -114,7 +115,7 @@ def _layout(ints, d):  # pragma: no cover - compiled
     return out, out + _N_OUT_INTS, 5
 
 
-@njit(cache=True)
+@njit_cached()
 def _begin(ints, reals, d):  # pragma: no cover - compiled
     """Start a race in the buffers (every arm alive, nothing drawn); return the draw log."""
     out, alive, rows = _layout(ints, d)
@@ -133,7 +134,7 @@ def _begin(ints, reals, d):  # pragma: no cover - compiled
     return np.empty(ints[out - 1] // block + n_looks + 1, dtype=np.int64)
 
 
-@njit(cache=True)
+@njit_cached()
 def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compiled
     """Draw the blocks of look ``li`` (none when it adds no rows); log them in ``drawn``."""
     n_blocks, block = ints[0], ints[1]
@@ -147,14 +148,14 @@ def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compile
     return ids
 
 
-@njit(cache=True)
+@njit_cached()
 def _alive_candidates(cand, ints, d):  # pragma: no cover - compiled
     """Return the candidates of the arms still alive."""
     out, alive, _ = _layout(ints, d)
     return cand[ints[alive : alive + ints[out]]]
 
 
-@njit(cache=True)
+@njit_cached()
 def _look(batch, ints, reals, offsets, merge_only=False):  # pragma: no cover - compiled
     r"""Apply one look's rewards ``batch`` (alive arms × new rows) to the state in the buffers.
 
@@ -269,7 +270,7 @@ def _look(batch, ints, reals, offsets, merge_only=False):  # pragma: no cover - 
 _F8P, _I8P, _I8 = types.CPointer(types.float64), types.CPointer(types.int64), types.int64
 
 
-@cfunc(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean), cache=True)
+@cfunc_cached(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean))
 def _look_c(
     batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d, merge_only
 ):  # pragma: no cover
