@@ -221,15 +221,16 @@ class ObservationTerms:
         Passed to ``model.compile_fn``.
     batches : {"blocks", "random", "windows"}
         ``"blocks"`` (default) and ``"windows"`` keep a row-permuted copy of
-        every per-observation data input (memory: one more copy of them);
-        :meth:`shuffle` redraws the permutation, one pass that moves every
-        row. :meth:`loglik_batch` then reads positions of the copy: whole
+        every per-observation data input (memory: one more copy of them, and
+        no index array of :math:`N` entries: the permutation is kept as the
+        state of the generator that drew it); :meth:`shuffle` redraws the
+        permutation in place, one pass that moves every row. :meth:`loglik_batch` then reads positions of the copy: whole
         blocks of rows (gathered in runs: dearer per term than a window,
         cheaper than scattered rows; see the results pages) or contiguous
         slices (``"windows"``, no gather).
-        ``"random"`` keeps no copy: batches are gathers of scattered rows
-        (dearer per term: a cache miss per row), for data that do not fit
-        twice in memory.
+        ``"random"`` keeps no copy and no index array (positions are rows):
+        batches are gathers of scattered rows (dearer per term: a cache miss
+        per row), for data that do not fit twice in memory.
 
     Attributes
     ----------
