@@ -332,8 +332,10 @@ class ObservationTerms:
         self._perm = None
         self._permuted = []
         if batches in ("blocks", "windows"):
+            # the data themselves until the first shuffle, which gives the copies buffers of
+            # their own: the checks of the construction do not hold a copy meanwhile
             self._permuted = [
-                pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
+                pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted", borrow=True)
                 for d in self.data
             ]
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
