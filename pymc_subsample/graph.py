@@ -224,10 +224,11 @@ class ObservationTerms:
         every per-observation data input (memory: one more copy of them, and
         no index array of :math:`N` entries: the permutation is kept as the
         state of the generator that drew it); :meth:`shuffle` redraws the
-        permutation in place, one pass that moves every row. :meth:`loglik_batch` then reads positions of the copy: whole
-        blocks of rows (gathered in runs: dearer per term than a window,
-        cheaper than scattered rows; see the results pages) or contiguous
-        slices (``"windows"``, no gather).
+        permutation in place, one pass that moves every row.
+        :meth:`loglik_batch` then reads positions of the copy: whole blocks
+        of rows (gathered in runs: dearer per term than a window, cheaper
+        than scattered rows; see the results pages) or contiguous slices
+        (``"windows"``, no gather).
         ``"random"`` keeps no copy and no index array (positions are rows):
         batches are gathers of scattered rows (dearer per term: a cache miss
         per row), for data that do not fit twice in memory.
