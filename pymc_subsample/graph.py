@@ -50,6 +50,7 @@ __all__ = [
     "BATCH_LAYOUTS",
     "MAX_SECOND_ORDER_INPUTS",
     "ModelSplitError",
+    "TAYLOR_CHUNK_ROWS",
     "ObservationTerms",
     "block_terms",
     "continuous_value_vars",
@@ -61,6 +62,10 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 #: Draws from the prior at which :meth:`ObservationTerms._check_row_locality` checks the terms.
 LOCALITY_DRAWS = 3
+
+#: Rows per call of the exact Taylor sums (:meth:`ObservationTerms.taylor_sums`): their
+#: gradient and Hessian graphs hold arrays of the rows they read, a few per coordinate.
+TAYLOR_CHUNK_ROWS = 2**16
 
 #: Largest number of coordinates of the other inputs for which the expansion of
 #: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
@@ -1196,13 +1201,13 @@ class ObservationTerms:
             window = self._compile(
                 residual(win), [self._flat_cands, ref, start, stop, *self.inputs]
             )
-        if first is not None:
-            start, stop, win = first
-            total = graph_replace(win, unflatten(ref), strict=False).sum()
-            sum_inputs = [ref, start, stop, *self.inputs]
+        if first is None:  # no copy: slices of the data themselves, summed in chunks
+            start, stop = self._first_positions_vars()
+            win = graph_replace(loglik, {d: d[start:stop] for d in self.data}, strict=False)
         else:
-            total = graph_replace(loglik, unflatten(ref), strict=False).sum()
-            sum_inputs = [ref, *self.inputs]
+            start, stop, win = first
+        total = graph_replace(win, unflatten(ref), strict=False).sum()
+        sum_inputs = [ref, start, stop, *self.inputs]
         grad = pytensor.grad(total, ref)
         hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
         sums = self._compile([total, grad, hess], sum_inputs, trust=False)
@@ -1236,6 +1241,12 @@ class ObservationTerms:
             return [np.asarray(g) for g in pull_fn(*block_values, *others, cotangent)]
 
         return evaluate, pullback, shapes
+
+    def _first_positions_vars(self) -> tuple:
+        """Return the ``(start, stop)`` scalars of the window graphs (those of ``__init__``)."""
+        if self._first_positions is not None:
+            return self._first_positions[:2]
+        return pt.lscalar("start"), pt.lscalar("stop")
 
     def _on_batches(self, loglik) -> tuple:
         """Return the graphs of ``loglik`` on gathered rows, on windows, on the first positions.
@@ -1349,15 +1360,18 @@ class ObservationTerms:
         _, _, sums = self._taylor_fns[key]
         others = self._other_arrays(point)
         reference = np.asarray(reference, dtype=np.float64)
-        scale = 1.0
-        if self._first_positions is not None:
-            stop = self.n_obs if window is None else min(window, self.n_obs)
-            scale = self.n_obs / stop
-            bounds = (np.asarray(0, dtype=np.int64), np.asarray(stop, dtype=np.int64))
-            value, grad, hess = sums(reference, *bounds, *others)
-        else:
-            value, grad, hess = sums(reference, *others)
-        return float(value) * scale, np.asarray(grad) * scale, np.asarray(hess) * scale
+        stop = self.n_obs
+        if self._first_positions is not None and window is not None:  # a random subset
+            stop = min(window, self.n_obs)
+        scale = self.n_obs / stop
+        # in chunks of rows: the gradient and Hessian graphs hold a few arrays of their rows
+        value, grad, hess = 0.0, 0.0, 0.0
+        for a in range(0, stop, TAYLOR_CHUNK_ROWS):
+            b = min(a + TAYLOR_CHUNK_ROWS, stop)
+            bounds = (np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+            v, g, h = sums(reference, *bounds, *others)
+            value, grad, hess = value + float(v), grad + np.asarray(g), hess + np.asarray(h)
+        return value * scale, np.asarray(grad) * scale, np.asarray(hess) * scale
 
     def log_f0_grad(self, values: Sequence[np.ndarray], point: dict) -> list[np.ndarray]:
         r"""Gradient of :math:`\log f_0` (prior, Jacobian, other blanket terms); no data read.

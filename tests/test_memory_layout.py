@@ -128,3 +128,25 @@ def test_windows_and_gathers_read_the_permuted_rows_after_set_data(model):
         terms.loglik_batch(cands, slice(100, 140), point),
         full[:, terms.positions_to_rows(slice(100, 140))],
     )
+
+
+@pytest.mark.parametrize("batches", ["blocks", "random"])
+def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
+    """The exact Taylor sums, read in chunks of rows, are those of one pass over all rows."""
+    import pymc_subsample.graph as graph
+
+    terms = ObservationTerms(model, [model["beta"]], batches=batches)
+    terms.shuffle(np.random.default_rng(0))
+    point = model.initial_point()
+    ref = np.array([0.4, -0.1, 0.2])
+    whole = terms.taylor_sums(ref, point, [(3,)])
+    monkeypatch.setattr(graph, "TAYLOR_CHUNK_ROWS", 3001)
+    chunked = terms.taylor_sums(ref, point, [(3,)])
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10)
+    beta = ref[None, :]
+    x, y = (model[name].get_value() for name in ("x_data", "y_data"))
+    resid = y - x @ beta[0]
+    expected = -0.5 * (resid**2).sum() - 0.5 * len(y) * np.log(2 * np.pi)
+    np.testing.assert_allclose(chunked[0], expected, rtol=1e-10)
+    np.testing.assert_allclose(chunked[2], -x.T @ x, rtol=1e-10)
