@@ -48,6 +48,7 @@ from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
 
 __all__ = [
     "BATCH_LAYOUTS",
+    "LOCALITY_ROWS",
     "MAX_SECOND_ORDER_INPUTS",
     "ModelSplitError",
     "TAYLOR_CHUNK_ROWS",
@@ -62,6 +63,10 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 #: Draws from the prior at which :meth:`ObservationTerms._check_row_locality` checks the terms.
 LOCALITY_DRAWS = 3
+
+#: Rows of the data on which :meth:`ObservationTerms._check_row_locality` checks the terms
+#: (all of them when there are fewer).
+LOCALITY_ROWS = 2**16
 
 #: Rows per call of the exact Taylor sums (:meth:`ObservationTerms.taylor_sums`): their
 #: gradient and Hessian graphs hold arrays of the rows they read, a few per coordinate.
@@ -500,10 +505,16 @@ class ObservationTerms:
         terms the full terms on those rows
         (:func:`~pymc_subsample.row_locality.equivariance_failure`). This
         also catches what the graph rule leaves unverified, and inputs with
-        :math:`N` rows that are not indexed.
+        :math:`N` rows that are not indexed. Above :data:`LOCALITY_ROWS` rows
+        the "full" data are those rows drawn at random (in their order): terms
+        that read other rows (a lag, a statistic of the column) differ there
+        too, and the check holds no array of :math:`N` terms.
         """
         rng = np.random.default_rng(0)
         rows = self._data_rows()
+        if self.n_obs > LOCALITY_ROWS:  # the data restricted to random rows, kept in order
+            keep = np.sort(rng.choice(self.n_obs, size=LOCALITY_ROWS, replace=False))
+            rows = [r.take(keep, axis=0) for r in rows]
         for at in [point, *prior_points(self._model, LOCALITY_DRAWS, seed=0)]:
             cands = [np.asarray(at[v.name], dtype=v.dtype)[None] for v in self.vars]
             others = [

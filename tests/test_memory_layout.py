@@ -150,3 +150,36 @@ def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
     expected = -0.5 * (resid**2).sum() - 0.5 * len(y) * np.log(2 * np.pi)
     np.testing.assert_allclose(chunked[0], expected, rtol=1e-10)
     np.testing.assert_allclose(chunked[2], -x.T @ x, rtol=1e-10)
+
+
+def test_row_locality_check_reads_a_random_subset_of_rows_above_the_cap(monkeypatch):
+    """Above LOCALITY_ROWS rows the check runs on that many rows: it still finds a lag."""
+    import pymc_subsample.graph as graph
+    from pymc_subsample import ModelSplitError
+
+    monkeypatch.setattr(graph, "LOCALITY_ROWS", 500)
+    y = np.random.default_rng(0).normal(size=3000)
+    with pm.Model() as model:
+        data = pm.Data("y_data", y)
+        mu = pm.Normal("mu", 0.0, 1.0)
+        pm.Normal("y", mu, 1.0, observed=data)
+    terms = ObservationTerms(model, [mu], batches="random")
+    seen = []
+    local = terms._rows_fn
+
+    def recording(*args):
+        seen.append(len(args[1]))
+        return local(*args)
+
+    terms._rows_fn = recording
+    point = model.initial_point()
+    terms._check_row_locality(point, "mu")
+    assert seen and max(seen) == 500
+
+    def lagged(cands, rows, *others):
+        prev = np.concatenate([[0.0], rows[:-1]])
+        return -0.5 * (rows[None, :] - cands[:, None] - 0.5 * prev[None, :]) ** 2
+
+    terms._rows_fn = lagged
+    with pytest.raises(ModelSplitError, match="not row-local"):
+        terms._check_row_locality(point, "mu")
