@@ -31,6 +31,7 @@ All of them take the other value variables from a point dictionary.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -141,6 +142,13 @@ def _rows_view(buf: np.ndarray) -> np.ndarray:
     if buf.ndim == 1 or len(buf) == 0 or buf[0].nbytes == 0:
         return buf
     return buf.reshape(len(buf), -1).view(np.dtype((np.void, buf[0].nbytes))).reshape(len(buf))
+
+
+def _release_copies(shared: Sequence) -> None:
+    """Give the permuted copies' shared variables empty arrays (their buffers are freed)."""
+    for p in shared:
+        value = p.get_value(borrow=True)
+        p.set_value(np.empty((0, *np.shape(value)[1:]), dtype=value.dtype), borrow=True)
 
 
 def _own_buffer(buf: np.ndarray, src: np.ndarray) -> bool:
@@ -351,6 +359,9 @@ class ObservationTerms:
             ]
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
         if self._permuted:
+            # compiled functions read the copies through these shared variables, and Numba keeps
+            # what it compiled (and so them) after the terms are gone: free the buffers then
+            weakref.finalize(self, _release_copies, list(self._permuted))
             window = graph_replace(
                 loglik,
                 {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},

@@ -101,11 +101,18 @@ def test_compiled_gibbs_steps_and_their_functions_are_freed(large):
 
 @pytest.mark.parametrize("kind", ["gibbs", "racing"])
 def test_dropped_steps_are_freed(small, kind):
+    """The step, its terms and its permuted copies of the data are freed.
+
+    Numba keeps what it compiled, and with it the shared variables the compiled
+    functions read: the copies' buffers are released when the terms go.
+    """
     step = _build(small, kind)
     refs = [weakref.ref(step), weakref.ref(step.terms)]
+    refs += [weakref.ref(c) for c in step.terms.permuted_rows()]
+    assert len(refs) == 3
     del step
     gc.collect()
-    assert [r() is None for r in refs] == [True, True]
+    assert [r() is None for r in refs] == [True, True, True]
 
 
 @pytest.mark.slow  # tracemalloc slows the compilations down several times (about 4 min)
