@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from ._numba_cache import njit_cached
 
 __all__ = ["trigamma"]
 
 
-@njit(cache=True)
+@njit_cached()
 def _series(y):  # pragma: no cover - compiled
     inv = 1.0 / y
     inv2 = inv * inv
@@ -39,7 +40,7 @@ def _series(y):  # pragma: no cover - compiled
     return inv + 0.5 * inv2 + inv * inv2 * tail
 
 
-@njit(cache=True)
+@njit_cached()
 def trigamma(x):  # pragma: no cover - compiled
     r"""Return :math:`\psi_1(x)`, the trigamma function, for a float ``x``."""
     if np.isnan(x):

@@ -137,7 +137,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         whole blocks of :math:`b` consecutive rows (16 to 128, growing with
         :math:`N`: :func:`~pymc_subsample.racing.schedule.block_rows`) of a
         row-permuted copy of the per-observation data (one more copy in
-        memory), uniformly at random without replacement
+        memory, shuffled in place), uniformly at random without replacement
         (:class:`~pymc_subsample.racing.schedule.RandomBlocks`): a gather
         in runs, much cheaper than scattered rows, and a fresh sample among
         :math:`N/b` blocks for every race. ``"random"``: every race gathers

@@ -31,6 +31,7 @@ All of them take the other value variables from a point dictionary.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,8 +49,10 @@ from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
 
 __all__ = [
     "BATCH_LAYOUTS",
+    "LOCALITY_ROWS",
     "MAX_SECOND_ORDER_INPUTS",
     "ModelSplitError",
+    "TAYLOR_CHUNK_ROWS",
     "ObservationTerms",
     "block_terms",
     "continuous_value_vars",
@@ -61,6 +64,14 @@ BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 #: Draws from the prior at which :meth:`ObservationTerms._check_row_locality` checks the terms.
 LOCALITY_DRAWS = 3
+
+#: Rows of the data on which :meth:`ObservationTerms._check_row_locality` checks the terms
+#: (all of them when there are fewer).
+LOCALITY_ROWS = 2**16
+
+#: Rows per call of the exact Taylor sums (:meth:`ObservationTerms.taylor_sums`): their
+#: gradient and Hessian graphs hold arrays of the rows they read, a few per coordinate.
+TAYLOR_CHUNK_ROWS = 2**16
 
 #: Largest number of coordinates of the other inputs for which the expansion of
 #: :meth:`ObservationTerms.expansion_residual_batch` is of second order.
@@ -119,6 +130,37 @@ def prior_points(model, n: int, seed: int) -> list[dict]:
         return [dict(zip(names, draw(), strict=True)) for _ in range(n)]
     except Exception:  # noqa: BLE001 (any failure to sample the prior: check at fewer points)
         return []
+
+
+def _slice_rows(positions: slice, n_obs: int) -> np.ndarray:
+    """Return the int64 indices of a slice of ``n_obs`` positions."""
+    return np.arange(*positions.indices(n_obs), dtype=np.int64)
+
+
+def _rows_view(buf: np.ndarray) -> np.ndarray:
+    """Return ``buf`` (C-contiguous) as a 1-D array with one element per row, for shuffles."""
+    if buf.ndim == 1 or len(buf) == 0 or buf[0].nbytes == 0:
+        return buf
+    return buf.reshape(len(buf), -1).view(np.dtype((np.void, buf[0].nbytes))).reshape(len(buf))
+
+
+def _release_copies(shared: Sequence) -> None:
+    """Give the permuted copies' shared variables empty arrays (their buffers are freed)."""
+    for p in shared:
+        value = p.get_value(borrow=True)
+        p.set_value(np.empty((0, *np.shape(value)[1:]), dtype=value.dtype), borrow=True)
+
+
+def _own_buffer(buf: np.ndarray, src: np.ndarray) -> bool:
+    """Return True when ``buf`` can receive a copy of ``src`` in place (a buffer of its own)."""
+    return (
+        isinstance(buf, np.ndarray)
+        and buf.shape == src.shape
+        and buf.dtype == src.dtype
+        and buf.flags.c_contiguous
+        and buf.flags.writeable
+        and not np.may_share_memory(buf, src)
+    )
 
 
 class ModelSplitError(ValueError):
@@ -197,15 +239,17 @@ class ObservationTerms:
         Passed to ``model.compile_fn``.
     batches : {"blocks", "random", "windows"}
         ``"blocks"`` (default) and ``"windows"`` keep a row-permuted copy of
-        every per-observation data input (memory: one more copy of them);
-        :meth:`shuffle` redraws the permutation, one pass that moves every
-        row. :meth:`loglik_batch` then reads positions of the copy: whole
-        blocks of rows (gathered in runs: dearer per term than a window,
-        cheaper than scattered rows; see the results pages) or contiguous
-        slices (``"windows"``, no gather).
-        ``"random"`` keeps no copy: batches are gathers of scattered rows
-        (dearer per term: a cache miss per row), for data that do not fit
-        twice in memory.
+        every per-observation data input (memory: one more copy of them, and
+        no index array of :math:`N` entries: the permutation is kept as the
+        state of the generator that drew it); :meth:`shuffle` redraws the
+        permutation in place, one pass that moves every row.
+        :meth:`loglik_batch` then reads positions of the copy: whole blocks
+        of rows (gathered in runs: dearer per term than a window, cheaper
+        than scattered rows; see the results pages) or contiguous slices
+        (``"windows"``, no gather).
+        ``"random"`` keeps no copy and no index array (positions are rows):
+        batches are gathers of scattered rows (dearer per term: a cache miss
+        per row), for data that do not fit twice in memory.
 
     Attributes
     ----------
@@ -301,15 +345,23 @@ class ObservationTerms:
         self._graphs = (idx, subset, log_f0)
         self._loglik = loglik
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
-        self._perm = np.arange(self.n_obs)
+        # the row permutation is kept as the RNG state that drew it (materialised, as int32
+        # below 2**31 rows, only when positions_to_rows asks): the copies hold its effect
+        self._perm_state = None
+        self._perm = None
         self._permuted = []
         if batches in ("blocks", "windows"):
+            # the data themselves until the first shuffle, which gives the copies buffers of
+            # their own: the checks of the construction do not hold a copy meanwhile
             self._permuted = [
-                pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted")
+                pytensor.shared(d.get_value(borrow=True), name=f"{d.name}_permuted", borrow=True)
                 for d in self.data
             ]
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
         if self._permuted:
+            # compiled functions read the copies through these shared variables, and Numba keeps
+            # what it compiled (and so them) after the terms are gone: free the buffers then
+            weakref.finalize(self, _release_copies, list(self._permuted))
             window = graph_replace(
                 loglik,
                 {d: p[start:stop] for d, p in zip(self.data, self._permuted, strict=True)},
@@ -464,10 +516,16 @@ class ObservationTerms:
         terms the full terms on those rows
         (:func:`~pymc_subsample.row_locality.equivariance_failure`). This
         also catches what the graph rule leaves unverified, and inputs with
-        :math:`N` rows that are not indexed.
+        :math:`N` rows that are not indexed. Above :data:`LOCALITY_ROWS` rows
+        the "full" data are those rows drawn at random (in their order): terms
+        that read other rows (a lag, a statistic of the column) differ there
+        too, and the check holds no array of :math:`N` terms.
         """
         rng = np.random.default_rng(0)
         rows = self._data_rows()
+        if self.n_obs > LOCALITY_ROWS:  # the data restricted to random rows, kept in order
+            keep = np.sort(rng.choice(self.n_obs, size=LOCALITY_ROWS, replace=False))
+            rows = [r.take(keep, axis=0) for r in rows]
         for at in [point, *prior_points(self._model, LOCALITY_DRAWS, seed=0)]:
             cands = [np.asarray(at[v.name], dtype=v.dtype)[None] for v in self.vars]
             others = [
@@ -617,7 +675,9 @@ class ObservationTerms:
                 "cannot take up the new data"
             )
         self.n_obs = new_n
-        self._perm = np.arange(new_n)
+        self._perm_state = None  # the identity until the next shuffle
+        self._perm = None
+        # the copies share the new arrays until the next shuffle, which gives them their own
         for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
             p.set_value(d.get_value(borrow=True), borrow=True)
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
@@ -632,14 +692,46 @@ class ObservationTerms:
         uniformly random subset of observations drawn without replacement.
         Without a permuted copy (``batches="random"``) there is nothing to
         redraw: every race draws its own uniformly random rows.
+
+        The copies are rewritten in place (the data copied in, then their rows
+        shuffled, every input by the same draws): no index array of length
+        :math:`N` and no second copy is allocated. The permutation is the one
+        ``rng.permutation(N)`` would return, and ``rng`` ends in the same state.
         """
         if not self._permuted:
             return
-        self._perm = rng.permutation(self.n_obs)
-        for d, p in zip(self.data, self._permuted, strict=False):  # none with "random"
-            p.set_value(d.get_value(borrow=True).take(self._perm, axis=0), borrow=True)
+        state = rng.bit_generator.state
+        for d, p in zip(self.data, self._permuted, strict=True):
+            src = d.get_value(borrow=True)
+            buf = p.get_value(borrow=True)
+            if not _own_buffer(buf, src):
+                buf = np.empty_like(src, order="C")
+                p.set_value(buf, borrow=True)
+            np.copyto(buf, src)
+            rng.bit_generator.state = state
+            rng.shuffle(_rows_view(buf))
+        self._perm_state = (type(rng.bit_generator), state)
+        self._perm = None
         # the arrays behind the copies, read by every gather (set only here)
         self._permuted_values = [p.get_value(borrow=True) for p in self._permuted]
+
+    def permutation(self) -> np.ndarray:
+        """Return the current row permutation: position ``i`` of the copies holds its row.
+
+        Materialised on first call after a :meth:`shuffle` (int32 below
+        :math:`2^{31}` rows) from the RNG state that drew it; the identity
+        without a permuted copy.
+        """
+        if self._perm is None:
+            dtype = np.int32 if self.n_obs < 2**31 else np.int64
+            perm = np.arange(self.n_obs, dtype=dtype)
+            if self._perm_state is not None and self._permuted:
+                kind, state = self._perm_state
+                gen = np.random.Generator(kind())
+                gen.bit_generator.state = state
+                gen.shuffle(perm)
+            self._perm = perm
+        return self._perm
 
     def loglik_subset(
         self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict
@@ -692,8 +784,12 @@ class ObservationTerms:
             Shape ``(K, n)`` for ``n`` positions.
         """
         if isinstance(positions, slice):
-            if self._window_fn is None:
-                return self.loglik_subset(candidates, self._perm[positions], point)
+            if not self._permuted:  # positions are rows
+                return self.loglik_subset(candidates, _slice_rows(positions, self.n_obs), point)
+            if self._window_fn is None:  # a slice of the copies: views, no gather
+                cands, others = self._exact_arrays(candidates, point)
+                rows = [p[positions] for p in self._permuted_values]
+                return self._rows_fn(*cands, *rows, *others)
             cands, others = self._exact_arrays(candidates, point)
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
@@ -708,25 +804,31 @@ class ObservationTerms:
     def _at_positions(self, positions, window, get_gather, head, tail) -> np.ndarray:
         """Call ``window(*head, start, stop, *tail)`` on a slice of the permuted copy.
 
-        Otherwise (no copy, or int positions) ``get_gather()(*head, rows, *tail)``
-        on the data rows at ``positions``.
+        Otherwise (no copy, or int positions) ``get_gather()(*head, idx, *tail)``
+        with ``idx`` the positions: the gather reads the permuted copies
+        (:meth:`_on_batches`), or the data rows without a copy.
         """
-        if isinstance(positions, slice) and window is not None:
-            start = np.asarray(positions.start, dtype=np.int64)
-            stop = np.asarray(positions.stop, dtype=np.int64)
-            return window(*head, start, stop, *tail)
-        rows = np.asarray(self.positions_to_rows(positions), dtype=np.int64)
-        return get_gather()(*head, rows, *tail)
+        if isinstance(positions, slice):
+            if window is not None:
+                start = np.asarray(positions.start, dtype=np.int64)
+                stop = np.asarray(positions.stop, dtype=np.int64)
+                return window(*head, start, stop, *tail)
+            positions = _slice_rows(positions, self.n_obs)
+        return get_gather()(*head, np.asarray(positions, dtype=np.int64), *tail)
 
     def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
         """Return the data rows at ``positions`` of the current row permutation.
 
         Without a permuted copy (``batches="random"``) the permutation is the
-        identity and index arrays are returned as they are.
+        identity and index arrays are returned as they are (slices as index
+        arrays). With one, the permutation is materialised on first use
+        (:meth:`permutation`).
         """
-        if not self._permuted and not isinstance(positions, slice):
+        if not self._permuted:
+            if isinstance(positions, slice):
+                return _slice_rows(positions, self.n_obs)
             return positions
-        return self._perm[positions]
+        return self.permutation()[positions]
 
     def compiled_rows(self) -> CompiledRewards | None:
         """Return the rows function's Numba kernel on the permuted copies (random blocks).
@@ -1081,9 +1183,8 @@ class ObservationTerms:
         sizes = [int(np.prod(s, dtype=int)) for s in shapes]
         bounds = np.cumsum([0, *sizes])
         variables, loglik = self.vars, self._loglik
-        idx_var, subset, _ = self._graphs
-        windows = self._window_graph
-        first = self._first_positions
+        idx_var = self._graphs[0]
+        subset, windows, first = self._on_batches(loglik)
         if coordinates:
             variables = [d.type(name=f"{d.name}_coordinate") for d in coordinates]
             loglik = self._loglik_with(dict(zip(coordinates, variables, strict=True)))
@@ -1122,13 +1223,13 @@ class ObservationTerms:
             window = self._compile(
                 residual(win), [self._flat_cands, ref, start, stop, *self.inputs]
             )
-        if first is not None:
-            start, stop, win = first
-            total = graph_replace(win, unflatten(ref), strict=False).sum()
-            sum_inputs = [ref, start, stop, *self.inputs]
+        if first is None:  # no copy: slices of the data themselves, summed in chunks
+            start, stop = self._first_positions_vars()
+            win = graph_replace(loglik, {d: d[start:stop] for d in self.data}, strict=False)
         else:
-            total = graph_replace(loglik, unflatten(ref), strict=False).sum()
-            sum_inputs = [ref, *self.inputs]
+            start, stop, win = first
+        total = graph_replace(win, unflatten(ref), strict=False).sum()
+        sum_inputs = [ref, start, stop, *self.inputs]
         grad = pytensor.grad(total, ref)
         hess = pytensor.gradient.jacobian(grad, ref, vectorize=True)
         sums = self._compile([total, grad, hess], sum_inputs, trust=False)
@@ -1163,14 +1264,25 @@ class ObservationTerms:
 
         return evaluate, pullback, shapes
 
+    def _first_positions_vars(self) -> tuple:
+        """Return the ``(start, stop)`` scalars of the window graphs (those of ``__init__``)."""
+        if self._first_positions is not None:
+            return self._first_positions[:2]
+        return pt.lscalar("start"), pt.lscalar("stop")
+
     def _on_batches(self, loglik) -> tuple:
         """Return the graphs of ``loglik`` on gathered rows, on windows, on the first positions.
 
         As the terms' own (``__init__``): ``(subset, windows, first)``, where
-        ``windows`` and ``first`` are ``(start, stop, graph)`` or None.
+        ``windows`` and ``first`` are ``(start, stop, graph)`` or None, and
+        ``subset`` gathers positions: of the permuted copies when there are
+        some, else rows of the data.
         """
         idx_var = self._graphs[0]
-        subset = graph_replace(loglik, {d: d[idx_var] for d in self.data}, strict=False)
+        source = self._permuted or self.data
+        subset = graph_replace(
+            loglik, {d: s[idx_var] for d, s in zip(self.data, source, strict=True)}, strict=False
+        )
         first = None
         if self._first_positions is not None:
             start, stop, _ = self._first_positions
@@ -1270,15 +1382,18 @@ class ObservationTerms:
         _, _, sums = self._taylor_fns[key]
         others = self._other_arrays(point)
         reference = np.asarray(reference, dtype=np.float64)
-        scale = 1.0
-        if self._first_positions is not None:
-            stop = self.n_obs if window is None else min(window, self.n_obs)
-            scale = self.n_obs / stop
-            bounds = (np.asarray(0, dtype=np.int64), np.asarray(stop, dtype=np.int64))
-            value, grad, hess = sums(reference, *bounds, *others)
-        else:
-            value, grad, hess = sums(reference, *others)
-        return float(value) * scale, np.asarray(grad) * scale, np.asarray(hess) * scale
+        stop = self.n_obs
+        if self._first_positions is not None and window is not None:  # a random subset
+            stop = min(window, self.n_obs)
+        scale = self.n_obs / stop
+        # in chunks of rows: the gradient and Hessian graphs hold a few arrays of their rows
+        value, grad, hess = 0.0, 0.0, 0.0
+        for a in range(0, stop, TAYLOR_CHUNK_ROWS):
+            b = min(a + TAYLOR_CHUNK_ROWS, stop)
+            bounds = (np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+            v, g, h = sums(reference, *bounds, *others)
+            value, grad, hess = value + float(v), grad + np.asarray(g), hess + np.asarray(h)
+        return value * scale, np.asarray(grad) * scale, np.asarray(hess) * scale
 
     def log_f0_grad(self, values: Sequence[np.ndarray], point: dict) -> list[np.ndarray]:
         r"""Gradient of :math:`\log f_0` (prior, Jacobian, other blanket terms); no data read.

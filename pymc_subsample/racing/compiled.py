@@ -30,9 +30,13 @@ whole blocks, merged as they come, with the bound at the look's last chunk.
 
 from __future__ import annotations
 
-import numpy as np
-from numba import carray, cfunc, njit, types
+import weakref
+from collections import OrderedDict
 
+import numpy as np
+from numba import carray, njit, types
+
+from .._numba_cache import cfunc_cached, njit_cached
 from .common import RaceResult, TotalsFn, check_reward_values
 from .kernels import look_normal, stuck_arms
 from .race import RaceConfig, RaceState, SharedRace, _exact_pass, _rescue
@@ -96,7 +100,7 @@ def driver(cand, {args}, bits, seed, ints, reals, offsets):
 """
 
 
-@njit(cache=True)
+@njit_cached()
 def _layout(ints, d):  # pragma: no cover - compiled
     """Where the race's state lies in the packed buffers: ``(out, alive, rows)``.
 
@@ -111,7 +115,7 @@ def _layout(ints, d):  # pragma: no cover - compiled
     return out, out + _N_OUT_INTS, 5
 
 
-@njit(cache=True)
+@njit_cached()
 def _begin(ints, reals, d):  # pragma: no cover - compiled
     """Start a race in the buffers (every arm alive, nothing drawn); return the draw log."""
     out, alive, rows = _layout(ints, d)
@@ -130,7 +134,7 @@ def _begin(ints, reals, d):  # pragma: no cover - compiled
     return np.empty(ints[out - 1] // block + n_looks + 1, dtype=np.int64)
 
 
-@njit(cache=True)
+@njit_cached()
 def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compiled
     """Draw the blocks of look ``li`` (none when it adds no rows); log them in ``drawn``."""
     n_blocks, block = ints[0], ints[1]
@@ -144,14 +148,14 @@ def _next_blocks(bits, seed, ints, li, drawn, nd):  # pragma: no cover - compile
     return ids
 
 
-@njit(cache=True)
+@njit_cached()
 def _alive_candidates(cand, ints, d):  # pragma: no cover - compiled
     """Return the candidates of the arms still alive."""
     out, alive, _ = _layout(ints, d)
     return cand[ints[alive : alive + ints[out]]]
 
 
-@njit(cache=True)
+@njit_cached()
 def _look(batch, ints, reals, offsets, merge_only=False):  # pragma: no cover - compiled
     r"""Apply one look's rewards ``batch`` (alive arms × new rows) to the state in the buffers.
 
@@ -266,7 +270,7 @@ def _look(batch, ints, reals, offsets, merge_only=False):  # pragma: no cover - 
 _F8P, _I8P, _I8 = types.CPointer(types.float64), types.CPointer(types.int64), types.int64
 
 
-@cfunc(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean), cache=True)
+@cfunc_cached(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean))
 def _look_c(
     batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d, merge_only
 ):  # pragma: no cover
@@ -285,7 +289,12 @@ def _look_c(
     )  # fmt: skip
 
 
-_DRIVERS: dict[tuple, object] = {}
+#: Drivers compiled last, held strongly (least recently used dropped first): races set
+#: up one after another on the same function (a step's timing, then its own) share one.
+RECENT_DRIVERS = 1
+_RECENT: OrderedDict = OrderedDict()
+#: Every driver still in use (held by a :class:`CompiledRace`), by ``id`` of its function.
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _driver(fn, n_rows: int, n_others: int):
@@ -293,34 +302,47 @@ def _driver(fn, n_rows: int, n_others: int):
 
     ``fn`` is bound into the driver as a global, not passed: a dispatcher
     passed as an argument is typed anew at every call (about 10 µs). The
-    look itself is :func:`_look_c`, compiled once and cached.
+    look itself is :func:`_look_c`, compiled once and cached. Drivers are
+    cached weakly (while a race holds them) and the last
+    :data:`RECENT_DRIVERS` strongly: a driver keeps its function alive, and
+    Numba's compiled code cannot be collected in a cycle, so a cache that
+    grew with every step (or hung the driver on the function) would keep
+    every step's functions for the session.
     """
-    key = (fn, n_rows, n_others)
-    if key not in _DRIVERS:
-        rows = [f"d{i}" for i in range(n_rows)]
-        others = [f"o{i}" for i in range(n_others)]
-        gathers = "\n".join(
-            f"            r{i} = _gather_blocks(d{i}, sub, block, n_obs)" for i in range(n_rows)
-        )
-        source = _TEMPLATE.format(
-            args=", ".join(rows + others),
-            gathers=gathers,
-            call=", ".join([f"r{i}" for i in range(n_rows)] + others),
-            ns=_N_SETTINGS,
-        )
-        namespace = {
-            "fn": fn,
-            "_begin": _begin,
-            "_next_blocks": _next_blocks,
-            "_alive_candidates": _alive_candidates,
-            "_look_c": _look_c,
-            "np": np,
-            "_gather_blocks": _gather_blocks,
-            "_unmark": _unmark,
-        }
-        exec(compile(source, f"<race_blocks driver {key[1:]}>", "exec"), namespace)  # noqa: S102
-        _DRIVERS[key] = njit(namespace["driver"])
-    return _DRIVERS[key]
+    key = (id(fn), n_rows, n_others)
+    driver = _LIVE.get(key)
+    if driver is not None and driver.py_func.__globals__.get("fn") is fn:
+        _RECENT[key] = driver
+        _RECENT.move_to_end(key)
+        return driver
+    rows = [f"d{i}" for i in range(n_rows)]
+    others = [f"o{i}" for i in range(n_others)]
+    gathers = "\n".join(
+        f"            r{i} = _gather_blocks(d{i}, sub, block, n_obs)" for i in range(n_rows)
+    )
+    source = _TEMPLATE.format(
+        args=", ".join(rows + others),
+        gathers=gathers,
+        call=", ".join([f"r{i}" for i in range(n_rows)] + others),
+        ns=_N_SETTINGS,
+    )
+    namespace = {
+        "fn": fn,
+        "_begin": _begin,
+        "_next_blocks": _next_blocks,
+        "_alive_candidates": _alive_candidates,
+        "_look_c": _look_c,
+        "np": np,
+        "_gather_blocks": _gather_blocks,
+        "_unmark": _unmark,
+    }
+    exec(compile(source, f"<race_blocks driver {key[1:]}>", "exec"), namespace)  # noqa: S102
+    driver = njit(namespace["driver"])
+    _LIVE[key] = driver
+    _RECENT[key] = driver
+    while len(_RECENT) > RECENT_DRIVERS:
+        _RECENT.popitem(last=False)
+    return driver
 
 
 def _no_row_rewards(arms, idx):

@@ -20,7 +20,8 @@ reward evaluation (see the results pages).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .._numba_cache import njit_cached
 
 __all__ = [
     "GIVE_UP_MARGIN",
@@ -45,7 +46,7 @@ _FAST = {"reassoc", "nsz", "arcp", "contract"}
 GIVE_UP_MARGIN = 1.5
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def _merge_means(batch, n, mean, offsets):  # pragma: no cover - compiled
     s, m = batch.shape
     bmean = np.empty(s)
@@ -69,7 +70,7 @@ def _merge_means(batch, n, mean, offsets):  # pragma: no cover - compiled
     return bmean, new_mean, lead, best
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def _g1sq(m2, m3, m, mu):  # pragma: no cover - compiled
     """Squared sample skewness from centred sums of squares and cubes of ``m`` values."""
     if m2 <= 1e-20 * m * mu * mu:  # constant up to rounding: no skewness to speak of
@@ -77,7 +78,7 @@ def _g1sq(m2, m3, m, mu):  # pragma: no cover - compiled
     return m3 * m3 * m / max(m2**3, 1e-300)
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def look_pairwise(
     batch, n, mean, ref, n_ref, dmean, dm2, offsets, factor, floor
 ):  # pragma: no cover
@@ -146,7 +147,7 @@ def look_pairwise(
     return new_mean, lead, tot, new_dmean, new_dm2, keep, bmean
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cover - compiled
     r"""One Racing-Normal look on marginal intervals.
 
@@ -186,7 +187,7 @@ def look_marginal(batch, n, mean, m2, offsets, factor, floor):  # pragma: no cov
     return new_mean, lead, new_m2, keep, bmean
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def _batch_g1sq(batch, i, lead, bmean, pairwise):  # pragma: no cover - compiled
     """Squared skewness of arm ``i``'s rewards on the batch (of its differences with the leader)."""
     m = batch.shape[1]
@@ -204,7 +205,7 @@ def _batch_g1sq(batch, i, lead, bmean, pairwise):  # pragma: no cover - compiled
     return _g1sq(acc, acc3, m, centre)
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def skew_guard(
     lead, keep, score, m2, n_var, size, n_obs, cantelli, pairwise, batch, bmean
 ):  # pragma: no cover - compiled
@@ -270,7 +271,7 @@ def skew_guard(
     return out
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def look_normal(
     batch, n, mean, ref, n_ref, dmean, m2, offsets, factor, floor, pairwise, guard, n_obs, cantelli
 ):  # pragma: no cover - compiled
@@ -316,7 +317,7 @@ def look_normal(
     return stats, lead, tot, np.count_nonzero(keep), keep
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def _look_normal(
     batch, n, mean, ref, n_ref, dmean, m2, offsets, factor, floor, pairwise, guard, n_obs, cantelli
 ):  # pragma: no cover - compiled
@@ -343,7 +344,7 @@ def _look_normal(
     return new_mean, lead, tot, new_dmean, new_m2, keep
 
 
-@njit(cache=True, fastmath=_FAST)
+@njit_cached(fastmath=_FAST)
 def look_rows(
     batch, n, rows, ref, n_ref, factor, floor, pairwise, guard, n_obs, cantelli, new, last
 ):  # pragma: no cover - compiled
@@ -394,7 +395,7 @@ def look_rows(
     return lead, tot, n_keep, n_stuck
 
 
-@njit(cache=True)
+@njit_cached()
 def stuck_arms(
     mean, offsets, m2, ref, n_ref, n_drawn, pairwise, factor, floor, n_obs
 ):  # pragma: no cover
@@ -423,7 +424,7 @@ def stuck_arms(
     )
 
 
-@njit(cache=True)
+@njit_cached()
 def _count_stuck(
     mean, offsets, m2, keep, lead, n_ref, n_drawn, pairwise, factor, floor, n_obs
 ):  # pragma: no cover - compiled
@@ -446,7 +447,7 @@ def _count_stuck(
     return stuck
 
 
-@njit(cache=True)
+@njit_cached()
 def stuck_rows(rows, ref, n_ref, n_drawn, pairwise, factor, floor, n_obs):  # pragma: no cover
     """Count the stuck arms (:func:`stuck_arms`) of a state held as rows (:func:`look_rows`)."""
     return stuck_arms(

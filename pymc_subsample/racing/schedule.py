@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+
+from .._numba_cache import njit_cached
 
 __all__ = [
     "claim_bitmap",
@@ -130,7 +131,7 @@ STAMP_LIMIT = 1 << 31
 _local = threading.local()
 
 
-@njit(cache=True)
+@njit_cached()
 def _draw_fresh(bits, n, k, state):  # pragma: no cover - compiled
     r"""Draw ``k`` values of ``range(n)`` not marked in ``bits``, uniformly, and mark them.
 
@@ -162,7 +163,7 @@ def _draw_fresh(bits, n, k, state):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True)
+@njit_cached()
 def _bucket_sorted(idx, n):  # pragma: no cover - compiled
     """Return ``idx`` ordered by its high bits (a counting sort on about ``len(idx)`` buckets).
 
@@ -187,7 +188,7 @@ def _bucket_sorted(idx, n):  # pragma: no cover - compiled
     return out
 
 
-@njit(cache=True)
+@njit_cached()
 def _draw_sorted(bits, n, k, state):  # pragma: no cover - compiled
     """:func:`_draw_fresh`, then bucket-sorted (:func:`_bucket_sorted`) above 512 values."""
     ids = _draw_fresh(bits, n, k, state)
@@ -196,14 +197,14 @@ def _draw_sorted(bits, n, k, state):  # pragma: no cover - compiled
     return ids
 
 
-@njit(cache=True)
+@njit_cached()
 def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
     """Positions of blocks ``ids``, block after block, the last block cut at ``n``."""
     out = np.empty(len(ids) * block, dtype=np.int64)
     return out[: _write_blocks(ids, block, n, out)]
 
 
-@njit(cache=True)
+@njit_cached()
 def _write_blocks(ids, block, n, out):  # pragma: no cover - compiled
     """Write the positions of blocks ``ids`` (as :func:`_expand_blocks`) into ``out``; count."""
     j = 0
@@ -214,7 +215,7 @@ def _write_blocks(ids, block, n, out):  # pragma: no cover - compiled
     return j
 
 
-@njit(cache=True)
+@njit_cached()
 def _gather_blocks(data, ids, block, n):  # pragma: no cover - compiled
     """Rows of ``data`` in blocks ``ids``, block after block, the last block cut at ``n``.
 
@@ -236,7 +237,7 @@ def _gather_blocks(data, ids, block, n):  # pragma: no cover - compiled
     return out.reshape((total,) + data.shape[1:])
 
 
-@njit(cache=True)
+@njit_cached()
 def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - compiled
     """Draw ``k`` unmarked blocks (:func:`_draw_fresh`, bucket-sorted above 512) and expand them.
 
@@ -251,7 +252,7 @@ def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - com
     return out[: j + k]
 
 
-@njit(cache=True)
+@njit_cached()
 def _unmark(bits, idx):  # pragma: no cover - compiled
     for c in idx:
         bits[c >> 3] &= np.uint8(255 - (1 << (c & 7)))
