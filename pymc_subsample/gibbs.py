@@ -22,6 +22,7 @@ from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .racing.race import sparse_arms
 from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
 from .support import discrete_support
+from .validation import ArgumentTypeError
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
@@ -295,7 +296,16 @@ class SubsampledCategoricalGibbs(RacingStep):
     # -- control variates ------------------------------------------------------------
 
     def _set_control_variates(self, control_variates, expand_in) -> None:
-        self.control_variates = control_variates is not False and control_variates is not None
+        if control_variates is None:
+            control_variates = False
+        if not isinstance(control_variates, dict | bool | np.bool_):
+            raise ArgumentTypeError(
+                "control_variates must be True, False or a dict (a reference point), "
+                f"got {control_variates!r}; e.g. control_variates=True"
+            )
+        if not isinstance(control_variates, dict):
+            control_variates = bool(control_variates)
+        self.control_variates = control_variates is not False
         self._fixed_reference = None
         self._reference = None
         self._expansion_cache = ExpansionCache()
@@ -317,11 +327,6 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._fixed_reference = {
                 n: np.asarray(control_variates[n], dtype=self.initial_point[n].dtype) for n in names
             }
-        elif control_variates is not True:
-            raise ValueError(
-                "control_variates must be True, False or a dict (a reference point), "
-                f"got {type(control_variates).__name__}"
-            )
         self._renew_reference(self.initial_point)
 
     def _renew_reference(self, point) -> None:
