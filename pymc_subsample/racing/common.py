@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..validation import check_choice, check_int
+from ..validation import check_bool, check_choice, check_float, check_int
 from ..validation import check_probability as _check_probability
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "TotalsFn",
     "argmax_or_raise",
     "as_reward_batch",
+    "check_hooks",
     "check_probability",
     "check_reward_values",
     "checked_rewards",
@@ -128,6 +129,22 @@ def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
     )  # fmt: skip
     check_int("n_arms", n_arms, low=1, example=2)
     return delta
+
+
+def check_hooks(reward_range, exact_after, skew_guard) -> None:
+    """Check the keywords of the shared-index races beside :func:`validate_race_args`.
+
+    ``reward_range`` a finite number >= 0 or None, ``exact_after`` an integer
+    >= 0 or None, ``skew_guard`` a boolean.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, the value and a valid one.
+    """
+    check_float("reward_range", reward_range, low=0.0, example=10.0, special=(None,))
+    check_int("exact_after", exact_after, low=0, example=1000, special=(None,))
+    check_bool("skew_guard", skew_guard)
 
 
 def checked_rewards(
