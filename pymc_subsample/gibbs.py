@@ -15,12 +15,18 @@ import numpy as np
 from .audit import scores_differ, zero_difference_share
 from .cost import compiled_look_cost
 from .expansion_cache import ExpansionCache, inputs_key
-from .graph import prior_points
+from .graph import check_expand_in, prior_points
 from .racing import RaceResult, sample_categorical
 from .racing.common import argmax_or_raise
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .racing.race import sparse_arms
-from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .step_base import (
+    AUDIT_AGREE,
+    AUDIT_DISAGREE,
+    AUDIT_NOT_RUN,
+    RacingStep,
+    check_exact_fraction,
+)
 from .support import discrete_support
 from .validation import ArgumentTypeError
 
@@ -57,6 +63,20 @@ def _draw_stats(
         "audit_agree": audit_agree,
         "audit_exact": audit_exact,
     }
+
+
+def _check_control_variates(control_variates) -> bool | dict:
+    """Return ``control_variates`` as a bool or a dict (a reference point); raise otherwise."""
+    if control_variates is None:
+        return False
+    if isinstance(control_variates, dict):
+        return control_variates
+    if isinstance(control_variates, bool | np.bool_):
+        return bool(control_variates)
+    raise ArgumentTypeError(
+        "control_variates must be True, False or a dict (a reference point), "
+        f"got {control_variates!r}; e.g. control_variates=True"
+    )
 
 
 class SubsampledCategoricalGibbs(RacingStep):
@@ -260,6 +280,9 @@ class SubsampledCategoricalGibbs(RacingStep):
         compile_kwargs=None,
         blocked: bool = True,
     ):
+        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        check_expand_in(expand_in)
+        _check_control_variates(control_variates)
         super().__init__(
             vars,
             delta=delta,
@@ -296,15 +319,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     # -- control variates ------------------------------------------------------------
 
     def _set_control_variates(self, control_variates, expand_in) -> None:
-        if control_variates is None:
-            control_variates = False
-        if not isinstance(control_variates, dict | bool | np.bool_):
-            raise ArgumentTypeError(
-                "control_variates must be True, False or a dict (a reference point), "
-                f"got {control_variates!r}; e.g. control_variates=True"
-            )
-        if not isinstance(control_variates, dict):
-            control_variates = bool(control_variates)
+        control_variates = _check_control_variates(control_variates)
         self.control_variates = control_variates is not False
         self._fixed_reference = None
         self._reference = None

@@ -53,6 +53,7 @@ __all__ = [
     "ModelSplitError",
     "ObservationTerms",
     "block_terms",
+    "check_expand_in",
     "continuous_value_vars",
     "model_deterministics",
 ]
@@ -78,6 +79,21 @@ def _flat_graph(values: Sequence):
     return pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
 
 
+def check_expand_in(expand_in) -> None:
+    """Refuse an ``expand_in`` that is not None, a name or a list of them (before any build).
+
+    Raises
+    ------
+    ArgumentTypeError
+        Naming ``expand_in``, the value and a valid one.
+    """
+    if expand_in is not None and not isinstance(expand_in, str | list | tuple):
+        raise ArgumentTypeError(
+            "expand_in must be a list of Deterministics of the model or their names, got "
+            f"{expand_in!r}; e.g. expand_in=['sigma2']"
+        )
+
+
 def model_deterministics(model, variables: str | Sequence) -> list:
     """Return the Deterministics named in ``variables`` (a name, names or variables) of ``model``.
 
@@ -86,12 +102,8 @@ def model_deterministics(model, variables: str | Sequence) -> list:
     ValueError
         For anything that is not a Deterministic of the model, naming the fix.
     """
+    check_expand_in(variables)
     names = [d.name for d in model.deterministics]
-    if not isinstance(variables, str | Sequence):
-        raise ArgumentTypeError(
-            f"expand_in must be a list of Deterministics of the model or their names, got "
-            f"{variables!r}; e.g. expand_in={names[:1]!r}"
-        )
     found = []
     for v in [variables] if isinstance(variables, str) else variables:
         if isinstance(v, str) and v not in model.named_vars:

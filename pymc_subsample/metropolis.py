@@ -23,10 +23,17 @@ from pymc.step_methods.metropolis import tune as pymc_tune
 
 from .audit import scores_differ, zero_difference_share
 from .expansion_cache import ExpansionCache, inputs_key
-from .graph import continuous_value_vars, model_deterministics
+from .graph import check_expand_in, continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test
-from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .step_base import (
+    AUDIT_AGREE,
+    AUDIT_DISAGREE,
+    AUDIT_NOT_RUN,
+    RacingStep,
+    check_exact_fraction,
+    check_step_context,
+)
 from .surrogate import CoordinateSurrogate, QuadraticSurrogate, TaylorSurrogate, stencil_points
 from .validation import (
     ArgumentTypeError,
@@ -258,6 +265,8 @@ class RacingMetropolis(RacingStep):
         compile_kwargs=None,
         blocked: bool = True,
     ):
+        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        check_expand_in(expand_in)
         if bound == "lilucb":
             raise ValueError(
                 "bound='lilucb' races many arms one at a time; an accept test has two arms "
@@ -282,6 +291,7 @@ class RacingMetropolis(RacingStep):
             raise ValueError("elemwise=True needs proposal='normal' (the others move all at once)")
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         continuous_value_vars(pm.modelcontext(model), vars, "RacingMetropolis")
         super().__init__(
             vars,

@@ -62,6 +62,7 @@ from scipy import optimize, stats
 from .conditional import BlockConditional
 from .graph import continuous_value_vars
 from .prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
+from .step_base import check_step_context, step_rng
 from .validation import check_bool, check_choice, check_float, check_int, check_probability
 
 __all__ = ["PliableRejection"]
@@ -182,6 +183,7 @@ class PliableRejection(BlockedStep):
     ):
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         model = pm.modelcontext(model)
         if initial_point is None:
             initial_point = model.initial_point()
@@ -203,23 +205,25 @@ class PliableRejection(BlockedStep):
         )  # fmt: skip
         max_proposals = check_int("max_proposals", max_proposals, low=1, example=10_000)
         blocked = check_bool("blocked", blocked)
+        rng = step_rng(rng)
+        dim = sum(int(np.size(initial_point[v.name])) for v in value_vars)
+        if dim > max_dim:  # before the build: nothing compiled for a block refused
+            raise ValueError(
+                f"the block has {dim} dimensions, above max_dim={max_dim}: "
+                "rejection sampling needs a low-dimensional block; split it into smaller "
+                "blocks (at most max_dim each) or use NUTS for it"
+            )
         self.conditional = BlockConditional(model, value_vars, initial_point, compile_kwargs)
         self._start = self.conditional.flatten(initial_point)
         self.vars = self.conditional.vars
         self.dim = self.conditional.dim
-        if self.dim > max_dim:
-            raise ValueError(
-                f"the block has {self.dim} dimensions, above max_dim={max_dim}: "
-                "rejection sampling needs a low-dimensional block; split it into smaller "
-                "blocks (at most max_dim each) or use NUTS for it"
-            )
         self.n_init = 1000 * self.dim if n_init is None else n_init
         self.smoothness = smoothness
         self.delta = delta
         self.refine = refine
         self.rebuild = rebuild
         self.max_proposals = max_proposals
-        self.rng = get_random_generator(rng)
+        self.rng = rng
         self.blocked = blocked
         self.tune = True
         self._reset()

@@ -18,7 +18,14 @@ from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
 from .racing.schedule import position_stream
-from .validation import ArgumentTypeError, check_bool, check_choice, check_float, check_int
+from .validation import (
+    ArgumentTypeError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_instance,
+    check_int,
+)
 
 __all__ = [
     "AUDIT_AGREE",
@@ -28,6 +35,9 @@ __all__ = [
     "SHUFFLE_DIVISOR",
     "RacingStep",
     "RacingStepState",
+    "check_exact_fraction",
+    "check_step_context",
+    "step_rng",
 ]
 
 #: ``audit_agree`` value of a draw that was not audited.
@@ -40,6 +50,41 @@ AUDIT_DISAGREE = 0
 AUDIT_BUDGET = 0.05
 #: ``shuffle_every="auto"`` redraws the row permutation every :math:`N` / this many draws.
 SHUFFLE_DIVISOR = 10
+
+
+def check_exact_fraction(exact_fraction):
+    """Return ``exact_fraction``; raise unless it lies in (0, 1] or is "auto"."""
+    return check_float(
+        "exact_fraction", exact_fraction, low=0.0, high=1.0, low_open=True, example=0.25,
+        special=("auto",),
+    )  # fmt: skip
+
+
+def check_step_context(model, initial_point, compile_kwargs) -> None:
+    """Check the PyMC arguments every step takes: ``model``, ``initial_point``, ``compile_kwargs``.
+
+    Raises
+    ------
+    ArgumentTypeError
+        For a model that is not a ``pm.Model``, or a point or compile
+        keywords that are not dicts (None is accepted for each).
+    """
+    import pymc as pm
+
+    check_instance("model", model, pm.Model, example="model (a pm.Model)")
+    check_instance("initial_point", initial_point, dict, example="model.initial_point()")
+    check_instance("compile_kwargs", compile_kwargs, dict, example="{'mode': 'FAST_RUN'}")
+
+
+def step_rng(rng) -> np.random.Generator:
+    """Return PyMC's generator for ``rng``; raise naming ``rng`` when it is not a seed."""
+    try:
+        return get_random_generator(rng)
+    except (TypeError, ValueError) as err:
+        raise ArgumentTypeError(
+            f"rng must be None, an integer seed (or a sequence of them), a numpy Generator or "
+            f"BitGenerator, got {rng!r} ({err}); e.g. rng=42"
+        ) from err
 
 
 @dataclass_state
@@ -128,6 +173,7 @@ class RacingStep(BlockedStep):
     ):
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         self.model = pm.modelcontext(model)
         auto_batch = isinstance(batch_size, str) and batch_size == "auto"
         self.delta = validate_race_args(delta, bound, 50 if auto_batch else batch_size, variance, 1)
@@ -146,12 +192,7 @@ class RacingStep(BlockedStep):
         auto_shuffle = shuffle_every == "auto"
         backoff = check_bool("backoff", backoff)
         blocked = check_bool("blocked", blocked)
-        if compile_kwargs is not None and not isinstance(compile_kwargs, dict):
-            raise ArgumentTypeError(
-                f"compile_kwargs must be a dict or None, got {compile_kwargs!r}; "
-                "e.g. compile_kwargs={'mode': 'FAST_RUN'}"
-            )
-        self.rng = get_random_generator(rng)
+        self.rng = step_rng(rng)
         self._compile_kwargs = dict(compile_kwargs or {})
         self._joint_fn = None  # the model's joint log density, compiled at the first audit
         #: True once audits found the races wrong: every later decision is exact. Kept across
@@ -210,10 +251,7 @@ class RacingStep(BlockedStep):
         (:func:`~pymc_subsample.cost.choose_exact_after`); again at new data
         (:meth:`_replan_races`).
         """
-        exact_fraction = check_float(
-            "exact_fraction", exact_fraction, low=0.0, high=1.0, low_open=True, example=0.25,
-            special=("auto",),
-        )  # fmt: skip
+        exact_fraction = check_exact_fraction(exact_fraction)
         auto_switch = exact_fraction == "auto"
         self._auto_plan = (self.batch_size is None, auto_switch)
         self._exact_fraction = exact_fraction

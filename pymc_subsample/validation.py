@@ -27,6 +27,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_float",
+    "check_instance",
     "check_int",
     "check_probability",
 ]
@@ -232,3 +233,20 @@ def check_choice(name: str, value, choices: Sequence, *, example=None):
     if not isinstance(value, str) and value is not None:
         raise ArgumentTypeError(message)
     raise ValueError(message)
+
+
+def check_instance(name: str, value, kind: type | tuple, *, example: str, none_ok: bool = True):
+    """Return ``value``; raise unless it is an instance of ``kind`` (or None with ``none_ok``).
+
+    ``example`` is the text of a valid value in the message (e.g. ``"{'mode': 'FAST_RUN'}"``).
+
+    Raises
+    ------
+    ArgumentTypeError
+        For a value of another type.
+    """
+    if (value is None and none_ok) or isinstance(value, kind):
+        return value
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    text = " or ".join(k.__name__ for k in kinds) + (" or None" if none_ok else "")
+    raise ArgumentTypeError(f"{name} must be a {text}, got {value!r}; e.g. {name}={example}")
