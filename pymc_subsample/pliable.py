@@ -149,7 +149,9 @@ class PliableRejection(BlockedStep):
     Metropolis move followed, since the chain was found stuck) and ``tune``.
 
     Raises ``ValueError`` at construction when PyTensor cannot evaluate the
-    block's conditional at a batch of points (a latent ``pm.AR`` series, say).
+    block's conditional at a batch of points (a latent ``pm.AR`` series, say),
+    for a block of more than ``max_dim`` dimensions, and for a keyword of the
+    wrong type or range (:mod:`pymc_subsample.validation`).
     """
 
     name = "pliable_rejection"
