@@ -45,7 +45,7 @@ from .batched import vectorize_per_point
 from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
 from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
-from .validation import ArgumentTypeError
+from .validation import ArgumentTypeError, check_choice
 
 __all__ = [
     "BATCH_LAYOUTS",
@@ -303,8 +303,7 @@ class ObservationTerms:
         compile_kwargs: dict | None = None,
         batches: str = "blocks",
     ):
-        if batches not in BATCH_LAYOUTS:
-            raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
+        check_choice("batches", batches, BATCH_LAYOUTS)
         self.batches = batches
         self.vars = _as_value_vars(model, vars)
         point = model.initial_point() if initial_point is None else initial_point

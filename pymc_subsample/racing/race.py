@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..validation import check_choice
 from .bounds import EBSBound, NormalBound, normal_threshold
 from .common import (
     BOUNDS,
@@ -188,8 +189,7 @@ class RaceConfig:
             object.__setattr__(self, "schedule", tuple(int(s) for s in self.schedule))
         if not isinstance(self.exact, ExactSwitch):
             raise TypeError(f"exact must be an ExactSwitch, got {self.exact!r}")
-        if self.batches not in BATCHES:
-            raise ValueError(f"unknown batches {self.batches!r}; choose one of {BATCHES}")
+        check_choice("batches", self.batches, BATCHES)
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "batch_size", int(self.batch_size))
 
