@@ -19,10 +19,12 @@ from pymc_subsample import (
     PliableRejection,
     RacingMetropolis,
     SubsampledCategoricalGibbs,
+    compare_runs,
     race,
     sample_categorical,
 )
 from pymc_subsample.prs import PliableRejectionSampler, build_envelope
+from pymc_subsample.racing import race_independent
 from pymc_subsample.validation import (
     ArgumentTypeError,
     check_bool,
@@ -98,6 +100,14 @@ def build(kind, models, **kwargs):
         n_arms = kwargs.pop("n_arms", 3)
         n_obs = kwargs.pop("n_obs", 40)
         return race(rewards, n_arms, n_obs, rng=0, **kwargs)
+    if kind == "race_independent":
+
+        def arm_rewards(arm, idx):
+            return table[arm][idx]
+
+        return race_independent(arm_rewards, [40, 30, 20], rng=0, **kwargs)
+    if kind == "compare_runs":
+        return compare_runs(**{"runs": {"exact": None}, **kwargs})
     raise AssertionError(kind)
 
 
@@ -208,6 +218,12 @@ CASES = (
         ("race", "reward_range", "big", T),
         ("race", "exact_after", 2.5, V),
         ("race", "skew_guard", "no", T),
+        ("race_independent", "bound", "lilucb", V),
+        ("race_independent", "quantile", "student", V),
+        ("race_independent", "batch_size", 1, V),
+        ("race_independent", "delta", 0.0, V),
+        ("compare_runs", "runs", ["idata"], T),
+        ("compare_runs", "var_names", 3, T),
     ]
 )
 
