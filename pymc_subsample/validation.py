@@ -62,11 +62,11 @@ def _is_number(value) -> bool:
 def _range_text(low, high, low_open: bool, high_open: bool) -> str:
     if low is not None and high is not None:
         left, right = ("(" if low_open else "["), (")" if high_open else "]")
-        return f" in {left}{low}, {high}{right}"
+        return f" in {left}{low:g}, {high:g}{right}"
     if low is not None:
-        return f" {'>' if low_open else '>='} {low}"
+        return f" {'>' if low_open else '>='} {low:g}"
     if high is not None:
-        return f" {'<' if high_open else '<='} {high}"
+        return f" {'<' if high_open else '<='} {high:g}"
     return ""
 
 
@@ -191,12 +191,21 @@ def check_float(
 def check_probability(name: str, value, *, example: float = 0.05, special: Sequence = ()):
     """Return ``value`` as a ``float``; raise unless it lies in the open interval (0, 1).
 
-    As :func:`check_float` with ``low=0, high=1`` both open.
+    As :func:`check_float` with ``low=0, high=1`` both open: "``name`` must lie
+    in (0, 1), got ...".
     """
-    return check_float(
-        name, value, low=0.0, high=1.0, low_open=True, high_open=True,
-        example=example, special=special,
-    )  # fmt: skip
+    if _special(value, special):
+        return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    message = (
+        f"{name} must lie in (0, 1){_or_special(special)}, got {value!r}; e.g. {name}={example!r}"
+    )
+    if not _is_number(value):
+        raise ArgumentTypeError(message)
+    if not 0.0 < float(value) < 1.0:  # NaN too
+        raise ValueError(message)
+    return float(value)
 
 
 def check_bool(name: str, value, *, example: bool = True) -> bool:
@@ -229,7 +238,7 @@ def check_choice(name: str, value, choices: Sequence, *, example=None):
         return value
     example = choices[0] if example is None else example
     text = ", ".join(repr(c) for c in choices)
-    message = f"{name} must be one of {text}, got {value!r}; e.g. {name}={example!r}"
+    message = f"unknown {name} {value!r}: {name} must be one of {text}; e.g. {name}={example!r}"
     if not isinstance(value, str) and value is not None:
         raise ArgumentTypeError(message)
     raise ValueError(message)
