@@ -209,6 +209,11 @@ class PliableRejection(BlockedStep):
         blocked = check_bool("blocked", blocked)
         rng = step_rng(rng)
         dim = sum(int(np.size(initial_point[v.name])) for v in value_vars)
+        if dim < 1:
+            raise ValueError(
+                f"the block {[v.name for v in value_vars]} has no elements (size 0): there is "
+                "nothing to draw; leave it out of the step"
+            )
         if dim > max_dim:  # before the build: nothing compiled for a block refused
             raise ValueError(
                 f"the block has {dim} dimensions, above max_dim={max_dim}: "

@@ -302,6 +302,17 @@ def test_max_dim_message_names_the_limit_that_failed():
         PliableRejection([mu], model=model, max_dim=10)  # was "4 dimensions, above max_dim=10"
 
 
+def test_pliable_refuses_empty_and_discrete_blocks():
+    with pm.Model() as model:
+        empty = pm.Normal("empty", 0.0, 1.0, shape=0)
+        k = pm.Bernoulli("k", 0.5)
+        pm.Normal("obs", k, 1.0, observed=np.zeros(5))
+    with pytest.raises(ValueError, match=r"\['empty'\] has no elements \(size 0\)"):
+        PliableRejection([empty], model=model)
+    with pytest.raises(ValueError, match="'k' is discrete.*SubsampledCategoricalGibbs"):
+        PliableRejection([k], model=model)
+
+
 # -- degenerate data ---------------------------------------------------------------------
 
 
