@@ -111,6 +111,8 @@ def check_int(
     """
     if _special(value, special):
         return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     example = (low if low is not None else 1) if example is None else example
     want = f"an integer{_range_text(low, high, False, False)}{_or_special(special)}"
     tail = f"; e.g. {name}={example!r}{why}"
