@@ -17,6 +17,8 @@ trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
 from __future__ import annotations
 
 import warnings
+from collections import deque
+from dataclasses import replace
 
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
@@ -34,7 +36,14 @@ from .step_base import (
     check_exact_fraction,
     check_step_context,
 )
-from .surrogate import CoordinateSurrogate, QuadraticSurrogate, TaylorSurrogate, stencil_points
+from .surrogate import (
+    MISFIT_RARE,
+    CoordinateSurrogate,
+    QuadraticSurrogate,
+    TaylorSurrogate,
+    misfit_share,
+    stencil_points,
+)
 from .validation import (
     ArgumentTypeError,
     check_bool,
@@ -53,6 +62,10 @@ _TARGET_HMC = 0.8
 #: HMC decisions in tuning after which an acceptance below _FALLBACK_RATE switches to a random walk.
 _FALLBACK_AFTER = 100
 _FALLBACK_RATE = 0.05
+#: Tuning decisions whose acceptance sets :attr:`RacingMetropolis.race_delta` (the last ones),
+#: and the fewest that do.
+_DELTA_WINDOW = 200
+_DELTA_MIN_DECISIONS = 20
 _TARGET_PATH = 0.4  # acceptance of the exact test that the path length is tuned towards
 #: Newton steps at most that recentre the expansion at the other inputs' values (refits).
 _RECENTRE_STEPS = 10
@@ -340,6 +353,7 @@ class RacingMetropolis(RacingStep):
                 raise ValueError("covariance must be positive definite") from err
             self.covariance = 0.5 * (cov + cov.T)
         n_obs = self.terms.n_obs
+        self._delta_share = 1.0  # of delta, for the races (race_delta): set after tuning
         self._plan_races(exact_fraction, 2)
         self._gradient_batch = gradient_batch
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
@@ -427,6 +441,9 @@ class RacingMetropolis(RacingStep):
             self.coordinate_surrogate: TaylorSurrogate | None = None
             self._surrogate_failed = False
             self._chol_mass = self._inv_mass = self._chol_cov = None
+            #: True when the control variates miss a few rows entirely (:meth:`_probe_misfit`):
+            #: races then read the raw terms
+            self._raw_races = False
             self._init_refits()
         self._started = False
         scale = self._initial_scaling()
@@ -434,7 +451,28 @@ class RacingMetropolis(RacingStep):
         self._dual = _DualAveraging(np.log(scale)) if self.proposal == "hmc" else None
         self._accept_sum, self._accept_n, self._integrator_accept = 0.0, 0, 1.0
         self._path = self.path_length
+        #: the last tuning decisions' acceptances (:attr:`race_delta`)
+        self._tuning_accepts: deque = deque(maxlen=_DELTA_WINDOW)
+        self._set_delta_share(1.0)
         self._reset_interval()
+
+    @property
+    def race_delta(self) -> float:
+        r"""The races' error probability, :math:`\delta \min(1, \alpha / (1 - \alpha))`.
+
+        :math:`\alpha` is the acceptance rate of the last tuning decisions
+        (floored at 0.01; 1 until tuning ends). A wrong decision is most harmful
+        when it accepts: at a low acceptance rate, errors at rate :math:`\delta`
+        among the rejections would make a large share of the moves. With this
+        rate, wrong accepts stay at most a share :math:`\delta` of the right
+        ones (Korattikara et al. 2014 bound the error per decision).
+        """
+        return self.delta * self._delta_share
+
+    def _set_delta_share(self, share: float) -> None:
+        self._delta_share = float(share)
+        if getattr(self, "race_config", None) is not None:
+            self.race_config = replace(self.race_config, delta=self.race_delta)
 
     def _reset_interval(self) -> None:
         self.steps_until_tune = self.tune_interval
@@ -450,6 +488,7 @@ class RacingMetropolis(RacingStep):
         self.surrogate = self.coordinate_surrogate = None
         self._expansions.clear()
         self._surrogate_failed = False
+        self._raw_races = False
         self._chol_mass = self._inv_mass = self._chol_cov = None
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
@@ -464,6 +503,9 @@ class RacingMetropolis(RacingStep):
         references are dropped: after tuning, every refit starts from the same one.
         """
         super().stop_tuning()
+        if len(self._tuning_accepts) >= _DELTA_MIN_DECISIONS:
+            rate = max(float(np.mean(self._tuning_accepts)), 0.01)
+            self._set_delta_share(min(1.0, rate / (1.0 - rate)))
         if self._reference_moved:
             self._expansions.clear()
             self._reference_moved = False
@@ -678,6 +720,8 @@ class RacingMetropolis(RacingStep):
             # the sums just fitted belong to the other inputs' values at this point
             entry = (self.surrogate, self.coordinate_surrogate, self._mass())
             self._expansions.put(inputs_key(self.terms.other_arrays(point)), entry)
+            if self.control_variates:
+                spent += self._probe_misfit(point)
             if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
                 self.scaling = 2.38 * np.sqrt(np.diag(self._inv_mass))
         if self.surrogate is not None and self.tune and not self._started:
@@ -690,6 +734,52 @@ class RacingMetropolis(RacingStep):
                 x = self.surrogate.theta_ref + self._chol_cov @ z
         self._started = True
         return x, spent
+
+    def _probe_misfit(self, point: dict, rows: int = 4096, seed: int = 0) -> int:
+        r"""Race on the raw terms when the control variates miss a few rows entirely.
+
+        On up to ``rows`` rows, for pairs of points at 0.1, 0.3 and 1 proposal
+        standard deviations around the reference, compares the residual
+        differences with the terms' own (:func:`~pymc_subsample.surrogate.misfit_share`).
+        Terms that are exactly linear or quadratic on most rows and not on a few
+        (:math:`|y_n - \mu|`: the rows between the two points) leave residuals
+        that are zero on most of a batch and as large as the terms' differences
+        on rows a batch rarely draws; a race on them can end confident and wrong.
+        Such a block races on the raw terms instead, and says so. Returns the
+        terms evaluated.
+        """
+        terms = self.terms
+        n_obs = terms.n_obs
+        rng = np.random.default_rng(seed)
+        idx = np.arange(n_obs) if n_obs <= rows else np.sort(rng.choice(n_obs, rows, False))
+        ref = self.surrogate.theta_ref
+        spent = [0]
+        shares = []
+        for scale in (0.1, 0.3, 1.0):
+            u = rng.standard_normal((2, self.dim))
+            u /= np.linalg.norm(u, axis=1, keepdims=True)
+            pair = ref + scale * u @ self._chol_cov.T
+            cands = self._candidates(pair)
+            rewards, _ = self._race_rewards(
+                pair, cands, point, self.surrogate, self.coordinate_surrogate, spent
+            )
+            with np.errstate(invalid="ignore", over="ignore"):
+                raw = terms.loglik_batch(cands, idx, point)
+                residual = rewards(np.arange(2), idx)
+            shares.append(misfit_share(residual[1] - residual[0], raw[1] - raw[0]))
+        if any(0.0 < share <= MISFIT_RARE for share in shares):
+            self._raw_races = True
+            names = ", ".join(v.name for v in self.vars)
+            warnings.warn(
+                f"RacingMetropolis: the control variates of {names} miss the terms' "
+                f"differences entirely on {max(shares):.2%} of the observations and fit the "
+                "others exactly (terms piecewise linear or quadratic in the block, as "
+                "|y - mu|): a mini-batch would rarely draw the rows that decide, so the "
+                "races read the raw terms instead (control variates kept for the proposal)",
+                UserWarning,
+                stacklevel=4,
+            )
+        return spent[0] + 2 * len(idx) * 3
 
     def _fit_coordinate_surrogate(self, mode: np.ndarray, point: dict) -> int:
         r"""Set the expansion in ``expand_in`` at :math:`\hat\phi = \phi(\hat\theta)`; one pass.
@@ -918,7 +1008,7 @@ class RacingMetropolis(RacingStep):
         log_f0 = self.terms.log_f0(self._candidates(ends), point)
         energy = sur.total(ends) + log_f0
         error = float(energy[1] - energy[0] + kinetic0 - kinetic1)
-        self._integrator_accept = min(1.0, float(np.exp(error))) if np.isfinite(error) else 0.0
+        self._integrator_accept = float(np.exp(min(0.0, error))) if np.isfinite(error) else 0.0
         return theta, float(kinetic0 - kinetic1)
 
     def _gradient_fn(self, point):
@@ -1000,6 +1090,7 @@ class RacingMetropolis(RacingStep):
             "tune": self.tune,
         }
         if self.tune:
+            self._tuning_accepts.append(float(np.mean(accepted)))
             self._tune_step(accepted, accept)
         self._watch_refits(log["refits"])
         if accepted.any() or x is not x0:
@@ -1033,51 +1124,20 @@ class RacingMetropolis(RacingStep):
         exact = self.decides_exactly or self._backoff.take(key)
         # an exact decision sums every term: a control variate would cancel from it
         sur = coordinate_sur = None
-        if self.control_variates and self.surrogate is not None and not exact:
+        if (
+            self.control_variates
+            and self.surrogate is not None
+            and not exact
+            and not self._raw_races
+        ):
             sur, coordinate_sur, _ = self._expansion_at(point, log)
         spent = [0]  # terms evaluated, stencil included
+        rewards, h_total = self._race_rewards(pair, cands, point, sur, coordinate_sur, spent)
+        exact_part += h_total[1] - h_total[0]
 
         def sums(arms):
             spent[0] += n_obs * len(arms)
             return terms.loglik_sum([c[arms] for c in cands], point) - h_total[arms]
-
-        if sur is None:
-            h_total = np.zeros(2)
-
-            def rewards(arms, idx):
-                values = terms.loglik_batch([c[arms] for c in cands], idx, point)
-                spent[0] += values.size
-                return values
-
-        elif isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
-            rows, shapes, coords = pair, self._shapes, ()
-            if coordinate_sur is not None:  # expanded in the Deterministics
-                sur, coords = coordinate_sur, self._coordinates
-                shapes = self._coordinate_shapes
-                rows = np.stack([self._coordinates_at(r, point) for r in pair])
-            h_total = sur.total(rows)
-            exact_part += h_total[1] - h_total[0]
-
-            def rewards(arms, idx):
-                values = terms.taylor_residual_batch(
-                    rows[arms], sur.theta_ref, idx, point, shapes, coords
-                )
-                spent[0] += 3 * values.size  # value, first and second derivative per arm
-                return values
-
-        else:  # race on l_n - h_n; the exact sums of h_n join the exact part
-            weights = sur.weights(pair)
-            h_total = weights @ sur.sums
-            exact_part += h_total[1] - h_total[0]
-            all_cands = [
-                np.concatenate([s, c]) for s, c in zip(self._stencil_cands, cands, strict=True)
-            ]
-            k = sur.n_points
-
-            def rewards(arms, idx):
-                values = terms.loglik_batch(all_cands, idx, point)
-                spent[0] += values.size
-                return values[k + arms] - weights[arms] @ values[:k]
 
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
@@ -1092,6 +1152,51 @@ class RacingMetropolis(RacingStep):
             log["audited"] += 1
             log["wrong"] += int(not agree)
         return decision.accepted, decision.accept_probability
+
+    def _race_rewards(self, pair, cands, point, sur, coordinate_sur, spent) -> tuple:
+        r"""Return the race's ``rewards(arms, idx)`` and the sums :math:`\sum_n h_n` per arm.
+
+        Rewards are :math:`l_n(x_a) - h_n(x_a)` for the control variate ``sur``
+        (the raw terms when None) at the two rows of ``pair``; ``spent[0]``
+        counts the terms evaluated.
+        """
+        terms = self.terms
+        if sur is None:
+
+            def rewards(arms, idx):
+                values = terms.loglik_batch([c[arms] for c in cands], idx, point)
+                spent[0] += values.size
+                return values
+
+            return rewards, np.zeros(2)
+        if isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
+            rows, shapes, coords = pair, self._shapes, ()
+            if coordinate_sur is not None:  # expanded in the Deterministics
+                sur, coords = coordinate_sur, self._coordinates
+                shapes = self._coordinate_shapes
+                rows = np.stack([self._coordinates_at(r, point) for r in pair])
+
+            def rewards(arms, idx):
+                values = terms.taylor_residual_batch(
+                    rows[arms], sur.theta_ref, idx, point, shapes, coords
+                )
+                spent[0] += 3 * values.size  # value, first and second derivative per arm
+                return values
+
+            return rewards, sur.total(rows)
+        # race on l_n - h_n; the exact sums of h_n join the exact part
+        weights = sur.weights(pair)
+        all_cands = [
+            np.concatenate([s, c]) for s, c in zip(self._stencil_cands, cands, strict=True)
+        ]
+        k = sur.n_points
+
+        def rewards(arms, idx):
+            values = terms.loglik_batch(all_cands, idx, point)
+            spent[0] += values.size
+            return values[k + arms] - weights[arms] @ values[:k]
+
+        return rewards, weights @ sur.sums
 
     def _audit(self, accepted, cands, log_f0, extra, log_u, point) -> bool:
         r"""Audit a raced decision ``accepted``; return True when it agrees with exact MH.

@@ -287,7 +287,7 @@ class RacingStep(BlockedStep):
         self.exact_switch = ExactSwitch.never() if after >= n_obs else ExactSwitch(after)
         if self.bound in ("normal", "ebs"):
             self.race_config = RaceConfig(
-                delta=self.delta,
+                delta=self.race_delta,
                 bound=self.bound,
                 variance=self.variance,
                 batch_size=self.batch_size,
@@ -301,6 +301,11 @@ class RacingStep(BlockedStep):
         """Largest cumulative sample size a race draws before its exact pass (N: never)."""
         after = self.exact_switch.after
         return self.terms.n_obs if after is None else after
+
+    @property
+    def race_delta(self) -> float:
+        """The races' error probability: ``delta`` (a step may lower it, never raise it)."""
+        return self.delta
 
     @property
     def decides_exactly(self) -> bool:
@@ -539,14 +544,16 @@ class RacingStep(BlockedStep):
             # the test below pass, so it is run (a slow scipy call) only at disagreements
             return
         k, n = self.n_disagreements, self.n_audits
-        if error_rate_exceeds(k, n, self.delta):
+        if error_rate_exceeds(k, n, self.race_delta):
             share = float(np.mean(self._zero_shares)) if self._zero_shares else None
             cause = diagnose(self.n_structural, share)
             self.audit_cause = cause
             self.audit_exact = True
             self._exact_independent = cause == "structural"
             warnings.warn(
-                explain(cause, type(self).__name__, k, n, self.delta), UserWarning, stacklevel=3
+                explain(cause, type(self).__name__, k, n, self.race_delta),
+                UserWarning,
+                stacklevel=3,
             )
 
     def reset_tuning(self):

@@ -45,7 +45,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CoordinateSurrogate", "QuadraticSurrogate", "TaylorSurrogate", "stencil_points"]
+__all__ = [
+    "MISFIT",
+    "MISFIT_RARE",
+    "CoordinateSurrogate",
+    "QuadraticSurrogate",
+    "TaylorSurrogate",
+    "misfit_share",
+    "stencil_points",
+]
 
 
 def _pairs(d: int) -> list[tuple[int, int]]:
@@ -289,3 +297,33 @@ class CoordinateSurrogate:
     def gradient(self, theta: np.ndarray) -> np.ndarray:
         r"""Gradient :math:`J_\phi(\theta)^\top (G + H\Delta)` in :math:`\theta`."""
         return self.pullback(theta, self.expansion.gradient(self.to_coordinates(theta)))
+
+
+#: A row's control variate misses when its residual difference exceeds this share of
+#: the terms' difference there and of their mean absolute difference over the rows.
+MISFIT = 0.1
+#: Misses on at most this share of the rows (and at least one) are *rare*: a race's
+#: batch would seldom draw them.
+MISFIT_RARE = 0.5
+
+
+def misfit_share(residual: np.ndarray, raw: np.ndarray) -> float:
+    r"""Share of rows on which a control variate misses the terms' difference.
+
+    With the per-row differences of the terms between two points,
+    :math:`\Delta_n = l_n(x_1) - l_n(x_0)`, and of their residuals,
+    :math:`r_n = (l_n - h_n)(x_1) - (l_n - h_n)(x_0)`, row :math:`n` is missed
+    when :math:`|r_n| > c\,|\Delta_n|` and :math:`|r_n| > c\, \overline{|\Delta|}`,
+    :math:`c` = :data:`MISFIT`. Smooth terms leave residuals of third order, a
+    small share of :math:`\Delta_n` on every row; terms linear on pieces
+    (:math:`|y_n - \theta|`) leave none on most rows and all of it on the rows
+    between the points. Rows with a non-finite value are left out.
+    """
+    residual = np.asarray(residual, dtype=np.float64)
+    raw = np.asarray(raw, dtype=np.float64)
+    ok = np.isfinite(residual) & np.isfinite(raw)
+    if not ok.any():
+        return 0.0
+    residual, raw = np.abs(residual[ok]), np.abs(raw[ok])
+    missed = (residual > MISFIT * raw) & (residual > MISFIT * raw.mean())
+    return float(np.count_nonzero(missed) / residual.size)

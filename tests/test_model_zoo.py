@@ -472,22 +472,10 @@ def test_zoo_model_is_drawn_right_by_racing_metropolis(builder):
         check_metropolis(model, spec["mh"], point, 200, 1200, FAST)
 
 
-#: Known to fail at scale, kept visible: RacingMetropolis on a Laplace location (terms linear
-#: in it but on the rows between two points) at N = 20,000 draws a chain about 1.8 times as
-#: wide as the exact conditional (sd 0.0082 against 0.0046), with 10 of 110 audited
-#: decisions wrong, below what the audits' test can flag.
-KNOWN_WRONG_AT_SCALE = {custom_dist_laplace}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "builder",
-    [
-        pytest.param(b, marks=pytest.mark.xfail(reason="see KNOWN_WRONG_AT_SCALE", strict=True))
-        if b in KNOWN_WRONG_AT_SCALE
-        else b
-        for b in ACCEPTED
-    ],
+    ACCEPTED,
     ids=lambda f: f.__name__,
 )
 def test_zoo_model_is_drawn_right_at_scale_with_defaults(builder):
