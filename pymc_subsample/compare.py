@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .validation import ArgumentTypeError
+
 __all__ = ["compare_runs"]
 
 _RACE_STATS = ("n_evals", "frac_evals", "audit_agree")
@@ -43,6 +45,16 @@ def compare_runs(runs: Mapping[str, object], var_names: Sequence[str] | None = N
     import arviz as az
     import pandas as pd
 
+    if not isinstance(runs, Mapping) or not runs:
+        raise ArgumentTypeError(
+            f"runs must be a non-empty dict of labels to pm.sample results, got {runs!r}; "
+            "e.g. runs={'exact': idata_exact, 'subsampled': idata_racing}"
+        )
+    if not (var_names is None or isinstance(var_names, str | Sequence)):
+        raise ArgumentTypeError(
+            f"var_names must be a list of variable names or None, got {var_names!r}; "
+            "e.g. var_names=['mu']"
+        )
     frames = []
     for label, data in runs.items():
         summary = pd.DataFrame(az.summary(data, var_names=var_names, kind="all"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytensor.tensor as pt
 from pymc.blocking import DictToArrayBijection, RaveledVars
+from pymc.logprob.utils import ParameterValueError
 from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.traversal import graph_inputs
 
@@ -63,7 +64,10 @@ class BlockConditional:
             part = flat[:, start : start + size].reshape((flat.shape[0], *shape))
             replace[v] = pt.cast(part, v.dtype)
             start += size
-        batched = vectorize_graph(logp, replace=replace)
+        try:
+            batched = vectorize_graph(logp, replace=replace)
+        except (NotImplementedError, TypeError, ValueError) as err:
+            self._refuse(model, f"{type(err).__name__}: {str(err).splitlines()[0]}")
         used = set(graph_inputs([batched]))
         self.inputs = [v for v in model.value_vars if v in used and v not in self.vars]
         self._names = [v.name for v in self.inputs]
@@ -76,6 +80,11 @@ class BlockConditional:
     def _check_batched(self, model, initial_point: dict) -> None:
         """Raise ``ValueError`` unless three points in one call equal three single calls."""
         x0 = self.flatten(initial_point)
+        others = [
+            np.asarray(initial_point[n], dtype=d)
+            for n, d in zip(self._names, self._dtypes, strict=True)
+        ]
+        self._fn(x0[None, :], *others)  # a parameter check that fails here is raised
         probe = x0 + np.array([0.0, 0.3, -0.2])[:, None] * np.maximum(1.0, np.abs(x0))
         single = np.concatenate([self(p[None, :], initial_point) for p in probe])
         try:
@@ -83,8 +92,11 @@ class BlockConditional:
             error = None if np.allclose(batched, single, rtol=1e-9, atol=1e-9) else "wrong values"
         except ValueError as exc:  # PyTensor's vectorized Elemwise rejects the shapes
             error = str(exc).splitlines()[0]
-        if error is None:
-            return
+        if error is not None:
+            self._refuse(model, error)
+
+    def _refuse(self, model, error: str) -> None:
+        """Raise the ``ValueError`` that says the block's conditional cannot be batched, and why."""
         names = [v.name for v in self.vars]
         series = [
             rv.name
@@ -115,9 +127,23 @@ class BlockConditional:
         r"""Return :math:`\log p(\theta_i \mid \text{rest})` for rows ``x`` of shape ``(k, d)``.
 
         The other variables are read from ``point``. ``nan`` is returned as ``-inf``.
+        A parameter check that raises (one inside a ``Scan``, which
+        :func:`~pymc_subsample.batched.checks_to_switch` cannot reach) is
+        evaluated row by row: ``-inf`` at the rows that fail it, outside the
+        support (construction evaluates the initial point strictly: a check
+        that fails there is raised).
         """
         others = [
             np.asarray(point[n], dtype=d) for n, d in zip(self._names, self._dtypes, strict=True)
         ]
-        out = np.asarray(self._fn(np.ascontiguousarray(x, dtype=np.float64), *others), float)
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        try:
+            out = np.asarray(self._fn(x, *others), float)
+        except ParameterValueError:
+            out = np.full(len(x), -np.inf)
+            for i in range(len(x) if len(x) > 1 else 0):
+                try:
+                    out[i] = self._fn(x[i : i + 1], *others)[0]
+                except ParameterValueError:
+                    pass
         return np.where(np.isnan(out), -np.inf, out)

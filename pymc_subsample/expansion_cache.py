@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .validation import check_int
+
 __all__ = ["ExpansionCache", "inputs_key"]
 
 #: Entries kept by default (least recently used dropped first).
@@ -54,9 +56,7 @@ class ExpansionCache:
     """
 
     def __init__(self, capacity: int = CAPACITY):
-        if int(capacity) < 1:
-            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-        self.capacity = int(capacity)
+        self.capacity = check_int("capacity", capacity, low=1, example=CAPACITY)
         self._entries: OrderedDict = OrderedDict()
         self.n_refits = 0
 

@@ -15,13 +15,20 @@ import numpy as np
 from .audit import scores_differ, zero_difference_share
 from .cost import compiled_look_cost
 from .expansion_cache import ExpansionCache, inputs_key
-from .graph import prior_points
+from .graph import check_expand_in, prior_points
 from .racing import RaceResult, sample_categorical
 from .racing.common import argmax_or_raise
 from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
 from .racing.race import sparse_arms
-from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .step_base import (
+    AUDIT_AGREE,
+    AUDIT_DISAGREE,
+    AUDIT_NOT_RUN,
+    RacingStep,
+    check_exact_fraction,
+)
 from .support import discrete_support
+from .validation import ArgumentTypeError
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
@@ -56,6 +63,20 @@ def _draw_stats(
         "audit_agree": audit_agree,
         "audit_exact": audit_exact,
     }
+
+
+def _check_control_variates(control_variates) -> bool | dict:
+    """Return ``control_variates`` as a bool or a dict (a reference point); raise otherwise."""
+    if control_variates is None:
+        return False
+    if isinstance(control_variates, dict):
+        return control_variates
+    if isinstance(control_variates, bool | np.bool_):
+        return bool(control_variates)
+    raise ArgumentTypeError(
+        "control_variates must be True, False or a dict (a reference point), "
+        f"got {control_variates!r}; e.g. control_variates=True"
+    )
 
 
 class SubsampledCategoricalGibbs(RacingStep):
@@ -259,6 +280,9 @@ class SubsampledCategoricalGibbs(RacingStep):
         compile_kwargs=None,
         blocked: bool = True,
     ):
+        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        check_expand_in(expand_in)
+        _check_control_variates(control_variates)
         super().__init__(
             vars,
             delta=delta,
@@ -295,7 +319,8 @@ class SubsampledCategoricalGibbs(RacingStep):
     # -- control variates ------------------------------------------------------------
 
     def _set_control_variates(self, control_variates, expand_in) -> None:
-        self.control_variates = control_variates is not False and control_variates is not None
+        control_variates = _check_control_variates(control_variates)
+        self.control_variates = control_variates is not False
         self._fixed_reference = None
         self._reference = None
         self._expansion_cache = ExpansionCache()
@@ -317,11 +342,6 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._fixed_reference = {
                 n: np.asarray(control_variates[n], dtype=self.initial_point[n].dtype) for n in names
             }
-        elif control_variates is not True:
-            raise ValueError(
-                "control_variates must be True, False or a dict (a reference point), "
-                f"got {type(control_variates).__name__}"
-            )
         self._renew_reference(self.initial_point)
 
     def _renew_reference(self, point) -> None:

@@ -46,6 +46,7 @@ from .batched import vectorize_per_point
 from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
 from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
+from .validation import ArgumentTypeError, check_choice
 
 __all__ = [
     "BATCH_LAYOUTS",
@@ -55,6 +56,7 @@ __all__ = [
     "TAYLOR_CHUNK_ROWS",
     "ObservationTerms",
     "block_terms",
+    "check_expand_in",
     "continuous_value_vars",
     "model_deterministics",
 ]
@@ -88,6 +90,21 @@ def _flat_graph(values: Sequence):
     return pt.concatenate([pt.cast(v, "float64").ravel() for v in values])
 
 
+def check_expand_in(expand_in) -> None:
+    """Refuse an ``expand_in`` that is not None, a name or a list of them (before any build).
+
+    Raises
+    ------
+    ArgumentTypeError
+        Naming ``expand_in``, the value and a valid one.
+    """
+    if expand_in is not None and not isinstance(expand_in, str | list | tuple):
+        raise ArgumentTypeError(
+            "expand_in must be a list of Deterministics of the model or their names, got "
+            f"{expand_in!r}; e.g. expand_in=['sigma2']"
+        )
+
+
 def model_deterministics(model, variables: str | Sequence) -> list:
     """Return the Deterministics named in ``variables`` (a name, names or variables) of ``model``.
 
@@ -96,8 +113,14 @@ def model_deterministics(model, variables: str | Sequence) -> list:
     ValueError
         For anything that is not a Deterministic of the model, naming the fix.
     """
+    check_expand_in(variables)
+    names = [d.name for d in model.deterministics]
     found = []
     for v in [variables] if isinstance(variables, str) else variables:
+        if isinstance(v, str) and v not in model.named_vars:
+            raise ValueError(
+                f"expand_in: {v!r} is not a variable of the model; its Deterministics are {names}"
+            )
         var = model[v] if isinstance(v, str) else v
         if var not in model.deterministics:
             name = v if isinstance(v, str) else getattr(v, "name", v)
@@ -168,9 +191,47 @@ class ModelSplitError(ValueError):
 
 
 def _as_value_vars(model, vars) -> list:
+    """Return the value variables of the block ``vars``; refuse an empty block and repeats."""
     from pymc.util import get_value_vars_from_user_vars
 
-    return list(get_value_vars_from_user_vars(vars, model))
+    value_vars = list(get_value_vars_from_user_vars(vars, model))
+    if not value_vars:
+        raise ValueError(
+            f"vars must list at least one variable of the model, got {vars!r}; e.g. vars=[theta]"
+        )
+    seen = set()
+    for v in value_vars:
+        if v in seen:
+            name = model.values_to_rvs[v].name
+            raise ValueError(
+                f"vars lists {name!r} more than once (got {vars!r}): give each variable of "
+                f"the block once, e.g. vars=[{name}]"
+            )
+        seen.add(v)
+    return value_vars
+
+
+def _missing_data_fix(name: str) -> str:
+    """Return what to do with missing values of a subsampled likelihood (``name``: where)."""
+    return (
+        f"{name} holds missing values (NaN or masked entries), which a subsampled likelihood "
+        "cannot evaluate and pm.Data does not accept: drop those rows (from every "
+        "per-observation input, observed values and covariates alike) before wrapping the "
+        "data in pm.Data, or model the missing values outside the subsampled likelihood (a "
+        "separate observed variable for the incomplete rows, updated by an exact step)"
+    )
+
+
+def _has_missing(value) -> bool:
+    """Return True for a masked array or a float array with a NaN (no N booleans made)."""
+    if np.ma.isMaskedArray(value):
+        return True
+    value = np.asarray(value)
+    if value.dtype.kind not in "fc" or value.size == 0:
+        return False
+    if not np.isnan(np.add.reduce(value, axis=None)):
+        return False
+    return bool(np.isnan(value).any())  # NaN sum: a NaN entry, or +inf and -inf
 
 
 def continuous_value_vars(model, vars, step: str) -> list:
@@ -267,7 +328,9 @@ class ObservationTerms:
     Raises
     ------
     ModelSplitError
-        When no observed variable depends on the block, observed data or
+        When no observed variable depends on the block, it has no
+        observations (:math:`N = 0`), the data hold missing values (NaN or
+        masked entries), observed data or
         covariates are NumPy arrays baked into the graph, observed variables
         have different lengths, or the subset graph disagrees with the full
         one (per-observation latent variables, observations coupled through a
@@ -284,8 +347,7 @@ class ObservationTerms:
         compile_kwargs: dict | None = None,
         batches: str = "blocks",
     ):
-        if batches not in BATCH_LAYOUTS:
-            raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
+        check_choice("batches", batches, BATCH_LAYOUTS)
         self.batches = batches
         self.vars = _as_value_vars(model, vars)
         point = model.initial_point() if initial_point is None else initial_point
@@ -332,6 +394,7 @@ class ObservationTerms:
         log_f0 = pt.add(*exact_terms) if len(exact_terms) > 1 else exact_terms[0]
 
         self.data = self._find_data(model, loglik, data, observed)
+        self._check_rows(self.n_obs)
         self._reject_numpy_inputs(loglik, observed)
         self._mixing = find_row_mixing(loglik, self.data)
         self._reject_row_mixing(names)
@@ -428,6 +491,17 @@ class ObservationTerms:
     @staticmethod
     def _reject_numpy_observed(model, rv) -> None:
         value = model.rvs_to_values[rv]
+        base = rv.name.removesuffix("_observed")
+        imputed = base != rv.name and f"{base}_unobserved" in model.named_vars
+        if isinstance(value, Constant) and (imputed or _has_missing(value.data)):
+            raise ModelSplitError(
+                _missing_data_fix(f"the observed data of {base!r}")
+                + (
+                    f" (PyMC split {base!r} into {rv.name!r} and the imputed '{base}_unobserved')"
+                    if imputed
+                    else ""
+                )
+            )
         if isinstance(value, Constant) and np.ndim(value.data) >= 1:
             raise ModelSplitError(
                 f"the observed data of {rv.name!r} is a NumPy array baked into the graph, so its "
@@ -449,13 +523,24 @@ class ObservationTerms:
     def _find_data(self, model, loglik, data, observed) -> list:
         shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
         if data is not None:
+            known = [n for n, v in model.named_vars.items() if isinstance(v, SharedVariable)]
+            if isinstance(data, str) or not isinstance(data, Sequence):
+                raise ArgumentTypeError(
+                    f"data must be a list of pm.Data variables or their names, got {data!r}; "
+                    f"e.g. data={known[:2]!r}"
+                )
             found = []
             for d in data:
+                if isinstance(d, str) and d not in model.named_vars:
+                    raise ModelSplitError(
+                        f"data entry {d!r} is not a variable of the model; its pm.Data "
+                        f"variables are {known}"
+                    )
                 var = model[d] if isinstance(d, str) else d
                 if not isinstance(var, SharedVariable):
                     raise ModelSplitError(
                         f"data entry {d!r} is not a pm.Data variable; pass pm.Data variables "
-                        "or their names"
+                        f"or their names: {known}"
                     )
                 if var not in shared:
                     raise ModelSplitError(
@@ -603,6 +688,22 @@ class ObservationTerms:
 
     # -- data set with pm.set_data ------------------------------------------------
 
+    def _check_rows(self, n_obs: int) -> None:
+        """Refuse data without observations, or with missing values (NaN or masked entries).
+
+        At construction and whenever new data are taken up (:meth:`take_up_data`):
+        the one place where both are checked.
+        """
+        observed = ", ".join(repr(o) for o in self.observed)
+        if n_obs < 1:
+            raise ModelSplitError(
+                f"the likelihood of {observed} has no observations (N = 0): there is nothing "
+                "to subsample; give it at least one row (pm.set_data) or use an exact step"
+            )
+        for d in self.data:
+            if _has_missing(d.get_value(borrow=True)):
+                raise ModelSplitError(_missing_data_fix(f"the data input {d.name!r}"))
+
     def _watch_data(self) -> None:
         """Remember the array behind every watched input (held: an id could be reused)."""
         self._watch = tuple((v.container.storage, v.get_value(borrow=True)) for v in self.watched)
@@ -639,8 +740,9 @@ class ObservationTerms:
         ------
         ValueError
             When the per-observation inputs no longer have one common number
-            of rows, or the likelihood cannot be evaluated on the new data;
-            the terms are left as they were.
+            of rows, have none, hold missing values (NaN or masked entries,
+            :class:`ModelSplitError`), or the likelihood cannot be evaluated
+            on the new data; the terms are left as they were.
         """
         changed = [
             v.name
@@ -674,6 +776,7 @@ class ObservationTerms:
                 "is fixed somewhere else in the model (a shape= or dims length); the step "
                 "cannot take up the new data"
             )
+        self._check_rows(new_n)
         self.n_obs = new_n
         self._perm_state = None  # the identity until the next shuffle
         self._perm = None

@@ -25,10 +25,17 @@ from pymc.step_methods.metropolis import tune as pymc_tune
 
 from .audit import scores_differ, zero_difference_share
 from .expansion_cache import ExpansionCache, inputs_key
-from .graph import continuous_value_vars, model_deterministics
+from .graph import check_expand_in, continuous_value_vars, model_deterministics
 from .proposals import langevin_proposal, random_walk_proposal
 from .racing import IndexStream, mh_test
-from .step_base import AUDIT_AGREE, AUDIT_DISAGREE, AUDIT_NOT_RUN, RacingStep
+from .step_base import (
+    AUDIT_AGREE,
+    AUDIT_DISAGREE,
+    AUDIT_NOT_RUN,
+    RacingStep,
+    check_exact_fraction,
+    check_step_context,
+)
 from .surrogate import (
     MISFIT_RARE,
     CoordinateSurrogate,
@@ -36,6 +43,14 @@ from .surrogate import (
     TaylorSurrogate,
     misfit_share,
     stencil_points,
+)
+from .validation import (
+    ArgumentTypeError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_probability,
 )
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
@@ -263,25 +278,33 @@ class RacingMetropolis(RacingStep):
         compile_kwargs=None,
         blocked: bool = True,
     ):
+        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        check_expand_in(expand_in)
         if bound == "lilucb":
             raise ValueError(
                 "bound='lilucb' races many arms one at a time; an accept test has two arms "
                 "that share their observations: use bound='normal' or 'ebs'"
             )
+        elemwise = check_bool("elemwise", elemwise, example=False)
+        control_variates = check_bool("control_variates", control_variates)
+        check_choice("proposal", proposal, (*PROPOSALS, None))
         if proposal is None:
             proposal = "normal" if elemwise else "hmc"
-        if proposal not in PROPOSALS:
-            raise ValueError(f"unknown proposal {proposal!r}; choose one of {PROPOSALS}")
-        if scaling is not None and not (np.isfinite(scaling) and scaling > 0):
-            raise ValueError(f"scaling must be a positive number, got {scaling!r}")
-        if not (np.isfinite(path_length) and path_length > 0):
-            raise ValueError(f"path_length must be a positive number, got {path_length!r}")
-        if int(tune_interval) != tune_interval or tune_interval < 1:
-            raise ValueError(f"tune_interval must be a positive integer, got {tune_interval!r}")
+        scaling = check_float("scaling", scaling, low=0.0, low_open=True, special=(None,))
+        path_length = check_float("path_length", path_length, low=0.0, low_open=True, example=1.5)
+        tune_interval = check_int("tune_interval", tune_interval, low=1, example=100)
+        gradient_batch = check_int(
+            "gradient_batch", gradient_batch, low=1, example=100, special=(None,),
+            why=" (None: the larger of batch_size and 100)",
+        )  # fmt: skip
+        target_accept = check_probability(
+            "target_accept", target_accept, example=0.36, special=(None,)
+        )
         if elemwise and proposal != "normal":
             raise ValueError("elemwise=True needs proposal='normal' (the others move all at once)")
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         continuous_value_vars(pm.modelcontext(model), vars, "RacingMetropolis")
         super().__init__(
             vars,
@@ -308,11 +331,21 @@ class RacingMetropolis(RacingStep):
         self.dim = sum(self._sizes)
         self.covariance = None
         if covariance is not None:
-            cov = np.array(covariance, dtype=np.float64)
-            if cov.shape != (self.dim, self.dim) or not np.allclose(cov, cov.T):
+            try:
+                cov = np.array(covariance, dtype=np.float64)
+            except (TypeError, ValueError) as err:
+                raise ArgumentTypeError(
+                    f"covariance must be a ({self.dim}, {self.dim}) array of numbers or None, "
+                    f"got {covariance!r}; e.g. covariance=np.eye({self.dim})"
+                ) from err
+            if (
+                cov.shape != (self.dim, self.dim)
+                or not np.isfinite(cov).all()
+                or not np.allclose(cov, cov.T)
+            ):
                 raise ValueError(
-                    f"covariance must be a symmetric ({self.dim}, {self.dim}) matrix, "
-                    f"got shape {cov.shape}"
+                    f"covariance must be a finite symmetric ({self.dim}, {self.dim}) matrix, "
+                    f"got shape {cov.shape}; e.g. covariance=np.eye({self.dim})"
                 )
             try:
                 np.linalg.cholesky(cov)
@@ -324,11 +357,9 @@ class RacingMetropolis(RacingStep):
         self._plan_races(exact_fraction, 2)
         self._gradient_batch = gradient_batch
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
-        self.target_accept = 0.36 if target_accept is None else float(target_accept)
-        if not 0.0 < self.target_accept < 1.0:
-            raise ValueError(f"target_accept must lie in (0, 1), got {target_accept!r}")
-        self.elemwise = bool(elemwise)
-        self.control_variates = bool(control_variates)
+        self.target_accept = 0.36 if target_accept is None else target_accept
+        self.elemwise = elemwise
+        self.control_variates = control_variates
         self._coordinates, self._to_coordinates, self._pullback = [], None, None
         self._coordinate_shapes: list = []
         self._check_expand_in(expand_in, "leave control_variates=True")

@@ -62,6 +62,8 @@ from scipy import optimize, stats
 from .conditional import BlockConditional
 from .graph import continuous_value_vars
 from .prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
+from .step_base import check_step_context, step_rng
+from .validation import check_bool, check_choice, check_float, check_int, check_probability
 
 __all__ = ["PliableRejection"]
 
@@ -147,7 +149,9 @@ class PliableRejection(BlockedStep):
     Metropolis move followed, since the chain was found stuck) and ``tune``.
 
     Raises ``ValueError`` at construction when PyTensor cannot evaluate the
-    block's conditional at a batch of points (a latent ``pm.AR`` series, say).
+    block's conditional at a batch of points (a latent ``pm.AR`` series, say),
+    for a block of more than ``max_dim`` dimensions, and for a keyword of the
+    wrong type or range (:mod:`pymc_subsample.validation`).
     """
 
     name = "pliable_rejection"
@@ -181,36 +185,52 @@ class PliableRejection(BlockedStep):
     ):
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         model = pm.modelcontext(model)
         if initial_point is None:
             initial_point = model.initial_point()
         value_vars = continuous_value_vars(model, vars, "PliableRejection")
-        if rebuild not in ("tune", "always"):
-            raise ValueError(f"rebuild must be 'tune' or 'always', got {rebuild!r}")
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
+        check_choice("rebuild", rebuild, ("tune", "always"))
+        delta = check_probability("delta", delta, example=0.01)
+        smoothness = check_float(
+            "smoothness", smoothness, low=0.0, high=2.0, low_open=True, example=2.0,
+            why=" (the Hölder exponent of Assumption 1 of Erraqabi et al. 2016)",
+        )  # fmt: skip
+        n_init = check_int(
+            "n_init", n_init, low=10, example=1000, special=(None,),
+            why=" (None: 1000 per dimension)",
+        )  # fmt: skip
+        refine = check_bool("refine", refine, example=False)
+        max_dim = check_int(
+            "max_dim", max_dim, low=1, high=MAX_DIM, example=MAX_DIM,
+            why=" (a tabulated envelope needs exponentially many cells in the dimension)",
+        )  # fmt: skip
+        max_proposals = check_int("max_proposals", max_proposals, low=1, example=10_000)
+        blocked = check_bool("blocked", blocked)
+        rng = step_rng(rng)
+        dim = sum(int(np.size(initial_point[v.name])) for v in value_vars)
+        if dim < 1:
+            raise ValueError(
+                f"the block {[v.name for v in value_vars]} has no elements (size 0): there is "
+                "nothing to draw; leave it out of the step"
+            )
+        if dim > max_dim:  # before the build: nothing compiled for a block refused
+            raise ValueError(
+                f"the block has {dim} dimensions, above max_dim={max_dim}: "
+                "rejection sampling needs a low-dimensional block; split it into smaller "
+                "blocks (at most max_dim each) or use NUTS for it"
+            )
         self.conditional = BlockConditional(model, value_vars, initial_point, compile_kwargs)
         self._start = self.conditional.flatten(initial_point)
         self.vars = self.conditional.vars
         self.dim = self.conditional.dim
-        if self.dim > max_dim or self.dim > MAX_DIM:
-            raise ValueError(
-                f"the block has {self.dim} dimensions, above max_dim={max_dim} "
-                f"(at most {MAX_DIM}): "
-                "rejection sampling needs a low-dimensional block; split it into smaller "
-                "blocks or use NUTS for it"
-            )
-        self.n_init = int(n_init or 1000 * self.dim)
-        if self.n_init < 10:
-            raise ValueError(f"n_init must be at least 10, got {n_init!r}")
-        self.smoothness = float(smoothness)
-        self.delta = float(delta)
-        self.refine = bool(refine)
+        self.n_init = 1000 * self.dim if n_init is None else n_init
+        self.smoothness = smoothness
+        self.delta = delta
+        self.refine = refine
         self.rebuild = rebuild
-        if int(max_proposals) != max_proposals or max_proposals < 1:
-            raise ValueError(f"max_proposals must be a positive integer, got {max_proposals!r}")
-        self.max_proposals = int(max_proposals)
-        self.rng = get_random_generator(rng)
+        self.max_proposals = max_proposals
+        self.rng = rng
         self.blocked = blocked
         self.tune = True
         self._reset()

@@ -18,6 +18,14 @@ from .graph import BATCH_LAYOUTS, ObservationTerms
 from .racing import ExactSwitch, RaceConfig
 from .racing.common import validate_race_args
 from .racing.schedule import position_stream
+from .validation import (
+    ArgumentTypeError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_instance,
+    check_int,
+)
 
 __all__ = [
     "AUDIT_AGREE",
@@ -27,6 +35,9 @@ __all__ = [
     "SHUFFLE_DIVISOR",
     "RacingStep",
     "RacingStepState",
+    "check_exact_fraction",
+    "check_step_context",
+    "step_rng",
 ]
 
 #: ``audit_agree`` value of a draw that was not audited.
@@ -39,6 +50,41 @@ AUDIT_DISAGREE = 0
 AUDIT_BUDGET = 0.05
 #: ``shuffle_every="auto"`` redraws the row permutation every :math:`N` / this many draws.
 SHUFFLE_DIVISOR = 10
+
+
+def check_exact_fraction(exact_fraction):
+    """Return ``exact_fraction``; raise unless it lies in (0, 1] or is "auto"."""
+    return check_float(
+        "exact_fraction", exact_fraction, low=0.0, high=1.0, low_open=True, example=0.25,
+        special=("auto",),
+    )  # fmt: skip
+
+
+def check_step_context(model, initial_point, compile_kwargs) -> None:
+    """Check the PyMC arguments every step takes: ``model``, ``initial_point``, ``compile_kwargs``.
+
+    Raises
+    ------
+    ArgumentTypeError
+        For a model that is not a ``pm.Model``, or a point or compile
+        keywords that are not dicts (None is accepted for each).
+    """
+    import pymc as pm
+
+    check_instance("model", model, pm.Model, example="model (a pm.Model)")
+    check_instance("initial_point", initial_point, dict, example="model.initial_point()")
+    check_instance("compile_kwargs", compile_kwargs, dict, example="{'mode': 'FAST_RUN'}")
+
+
+def step_rng(rng) -> np.random.Generator:
+    """Return PyMC's generator for ``rng``; raise naming ``rng`` when it is not a seed."""
+    try:
+        return get_random_generator(rng)
+    except (TypeError, ValueError) as err:
+        raise ArgumentTypeError(
+            f"rng must be None, an integer seed (or a sequence of them), a numpy Generator or "
+            f"BitGenerator, got {rng!r} ({err}); e.g. rng=42"
+        ) from err
 
 
 @dataclass_state
@@ -127,40 +173,26 @@ class RacingStep(BlockedStep):
     ):
         import pymc as pm
 
+        check_step_context(model, initial_point, compile_kwargs)
         self.model = pm.modelcontext(model)
         auto_batch = isinstance(batch_size, str) and batch_size == "auto"
         self.delta = validate_race_args(delta, bound, 50 if auto_batch else batch_size, variance, 1)
         self.bound = bound
         self.batch_size = None if auto_batch else int(batch_size)
         self.variance = variance
-        if isinstance(audit_every, str):
-            if audit_every != "auto":
-                raise ValueError(
-                    f"audit_every must be 'auto' or an integer >= 0 (0 turns audits off), "
-                    f"got {audit_every!r}"
-                )
-        elif int(audit_every) != audit_every or audit_every < 0:
-            raise ValueError(
-                f"audit_every must be 'auto' or an integer >= 0 (0 turns audits off), "
-                f"got {audit_every!r}"
-            )
-        else:
-            audit_every = int(audit_every)
-        self.audit_every = audit_every
-        if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
-            raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
-        self.reward_range = reward_range
-        if batches not in BATCH_LAYOUTS:
-            raise ValueError(f"unknown batches {batches!r}; choose one of {BATCH_LAYOUTS}")
-        auto_shuffle = isinstance(shuffle_every, str) and shuffle_every == "auto"
-        if not auto_shuffle and (
-            isinstance(shuffle_every, str) or int(shuffle_every) != shuffle_every
-            or shuffle_every < 1
-        ):  # fmt: skip
-            raise ValueError(
-                f"shuffle_every must be 'auto' or a positive integer, got {shuffle_every!r}"
-            )
-        self.rng = get_random_generator(rng)
+        self.audit_every = check_int(
+            "audit_every", audit_every, low=0, example=100, special=("auto",),
+            why=" (0 turns audits off)",
+        )  # fmt: skip
+        self.reward_range = check_float(
+            "reward_range", reward_range, low=0.0, example=10.0, special=(None,)
+        )
+        check_choice("batches", batches, BATCH_LAYOUTS)
+        shuffle_every = check_int("shuffle_every", shuffle_every, low=1, special=("auto",))
+        auto_shuffle = shuffle_every == "auto"
+        backoff = check_bool("backoff", backoff)
+        blocked = check_bool("blocked", blocked)
+        self.rng = step_rng(rng)
         self._compile_kwargs = dict(compile_kwargs or {})
         self._joint_fn = None  # the model's joint log density, compiled at the first audit
         #: True once audits found the races wrong: every later decision is exact. Kept across
@@ -219,13 +251,8 @@ class RacingStep(BlockedStep):
         (:func:`~pymc_subsample.cost.choose_exact_after`); again at new data
         (:meth:`_replan_races`).
         """
-        auto_switch = isinstance(exact_fraction, str) and exact_fraction == "auto"
-        if not auto_switch and not (
-            isinstance(exact_fraction, int | float) and 0.0 < exact_fraction <= 1.0
-        ):
-            raise ValueError(
-                f"exact_fraction must lie in (0, 1] or be 'auto', got {exact_fraction!r}"
-            )
+        exact_fraction = check_exact_fraction(exact_fraction)
+        auto_switch = exact_fraction == "auto"
         self._auto_plan = (self.batch_size is None, auto_switch)
         self._exact_fraction = exact_fraction
         self._n_cands = n_cands
@@ -355,7 +382,8 @@ class RacingStep(BlockedStep):
         ------
         ValueError
             When the new data cannot be taken up (per-observation inputs of
-            different lengths): the step then refuses every draw until they can.
+            different lengths, no rows, missing values): the step then
+            refuses every draw until they can.
         """
         changed, old_n, new_n = self.terms.take_up_data(point)
         if self._auto_shuffle:

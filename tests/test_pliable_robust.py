@@ -9,7 +9,10 @@ import warnings
 import arviz as az
 import numpy as np
 import pymc as pm
+import pytensor
+import pytensor.tensor as pt
 import pytest
+from pymc.pytensorf import collect_default_updates
 from scipy import stats
 
 from pymc_subsample import PliableRejection
@@ -159,6 +162,39 @@ def test_batched_conditional_keeps_points_independent():
         step = PliableRejection([model["mu"], model["sigma"]])
     point = model.initial_point()
     rows = np.array([[0.5, 0.0], [1.0, -800.0], [2.0, 1.0]])
+    batched = step.conditional(rows, point)
+    single = np.array([step.conditional(r[None, :], point)[0] for r in rows])
+    assert np.isneginf(batched[1]) and np.all(np.isfinite(batched[[0, 2]]))
+    np.testing.assert_allclose(batched, single)
+
+
+def scan_ar(x0, rho, sigma, size):
+    """A hand-written latent AR(1) whose Normal's parameter check sits inside a Scan."""
+
+    def step(prev, rho, sigma):
+        nxt = pm.Normal.dist(rho * prev, sigma)
+        return nxt, collect_default_updates([nxt])
+
+    out, _ = pytensor.scan(
+        step, outputs_info=[x0], non_sequences=[rho, sigma], n_steps=19, strict=True
+    )
+    return out
+
+
+def test_scan_parameter_check_is_minus_inf_per_point():
+    """A check inside a Scan (out of reach of the switch) raised for the whole batch: now -inf.
+
+    Row 1's sigma underflows to 0; the other rows keep their own values.
+    """
+    with pm.Model() as model:
+        rho = pm.Normal("rho", 0, 0.5)
+        s = pm.HalfNormal("s", 1)
+        x = pm.CustomDist("x", pt.as_tensor(np.float64(0.0)), rho, s, dist=scan_ar, shape=(19,))
+        pm.Normal("y", x, 1, observed=np.random.default_rng(1).normal(size=19))
+        step = PliableRejection([s])
+    point = model.initial_point()
+    point["x"] = np.random.default_rng(2).normal(size=19)
+    rows = np.array([[0.0], [-800.0], [0.3]])
     batched = step.conditional(rows, point)
     single = np.array([step.conditional(r[None, :], point)[0] for r in rows])
     assert np.isneginf(batched[1]) and np.all(np.isfinite(batched[[0, 2]]))

@@ -34,6 +34,7 @@ import numpy as np
 from scipy import ndimage, optimize, signal
 from scipy.special import logsumexp
 
+from ..validation import check_choice
 from .proposal import MixtureProposal, ProductProposal
 
 __all__ = [
@@ -532,8 +533,7 @@ def fit_envelope(
     rho = paper_rate(t, d, smoothness, delta)
     h0 = side * paper_bandwidth(t, d, smoothness, delta)
 
-    if estimator not in ("auto", "log-linear", "kernel"):
-        raise ValueError(f"estimator must be 'auto', 'log-linear' or 'kernel', got {estimator!r}")
+    check_choice("estimator", estimator, ("auto", "log-linear", "kernel"))
     # log f relative to the largest value; zeros of f are floored 40 nats below it
     y = np.maximum(log_f - shift, -40.0)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..validation import check_choice, check_int
 from .envelope import PliableEnvelope, default_n_cells, fit_envelope
 from .proposal import MixtureProposal, ProductProposal
 
@@ -180,11 +181,8 @@ def build_envelope(
             "proposal=<frozen scipy.stats distribution(s)> for unbounded support (App. B), "
             "exactly one of them"
         )
-    if int(n_init) != n_init or n_init < 10:
-        raise ValueError(f"n_init must be an integer >= 10, got {n_init!r}")
-    if design not in ("two-stage", "uniform"):
-        raise ValueError(f"design must be 'two-stage' or 'uniform', got {design!r}")
-    n_init = int(n_init)
+    n_init = check_int("n_init", n_init, low=10, example=1000)
+    check_choice("design", design, ("two-stage", "uniform"))
     first = max(n_init // 4, 10) if design == "two-stage" else n_init
     if bounds is not None:
         lo, hi = _check_box(bounds)

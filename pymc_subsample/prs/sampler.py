@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ..validation import check_bool, check_choice, check_float, check_int, check_probability
 from .envelope import MAX_DIM, PliableEnvelope
 from .proposal import MixtureProposal, ProductProposal
 from .rejection import Design, build_envelope, draw, refit_envelope
@@ -142,13 +143,23 @@ class PliableRejectionSampler:
         estimator: str = "auto",
     ):
         if not callable(logpdf):
-            raise TypeError("logpdf must be a callable taking points of shape (k, d)")
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-        if not 0.0 < smoothness <= 2.0:
-            raise ValueError(f"smoothness must lie in (0, 2] (Assumption 1), got {smoothness!r}")
-        if envelope_scale is not None and not (np.isfinite(envelope_scale) and envelope_scale > 0):
-            raise ValueError(f"envelope_scale must be a positive number, got {envelope_scale!r}")
+            raise TypeError(
+                f"logpdf must be a callable taking points of shape (k, d), got {logpdf!r}; "
+                "e.g. logpdf=lambda x: -0.5 * (x**2).sum(axis=1)"
+            )
+        delta = check_probability("delta", delta, example=0.01)
+        smoothness = check_float(
+            "smoothness", smoothness, low=0.0, high=2.0, low_open=True, example=2.0,
+            why=" (the Hölder exponent of Assumption 1)",
+        )  # fmt: skip
+        envelope_scale = check_float(
+            "envelope_scale", envelope_scale, low=0.0, low_open=True, special=(None,)
+        )
+        n_init = check_int("n_init", n_init, low=10, example=1000, special=(None,))
+        n_cells = check_int("n_cells", n_cells, low=2, example=64, special=(None,))
+        refine = check_bool("refine", refine, example=False)
+        check_choice("design", design, ("two-stage", "uniform"))
+        check_choice("estimator", estimator, ("auto", "log-linear", "kernel"))
         if proposal is not None and not isinstance(proposal, ProductProposal | MixtureProposal):
             proposal = ProductProposal(proposal)
         if bounds is not None and proposal is None:
@@ -207,9 +218,7 @@ class PliableRejectionSampler:
         with ``refine`` the call pauses to refit the envelope each time the
         evaluations pass the next refit point.
         """
-        if int(size) != size or size < 0:
-            raise ValueError(f"size must be a non-negative integer, got {size!r}")
-        size = int(size)
+        size = check_int("size", size, low=0, example=1000)
         out, have = [self._buffer], len(self._buffer)
         record: Design | None = self.envelope.design if self.refine else None
         while have < size:

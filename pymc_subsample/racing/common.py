@@ -1,7 +1,8 @@
 r"""Types and checks shared by every race: the result record, argument checks, reward calls.
 
 This module sits at the bottom of :mod:`pymc_subsample.racing`: it imports
-nothing else from the package, and every race (shared-index, lil'UCB,
+nothing else from the package but the argument checks of
+:mod:`pymc_subsample.validation`, and every race (shared-index, lil'UCB,
 independent populations, the exact reference) returns its
 :class:`RaceResult`.
 """
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..validation import check_bool, check_choice, check_float, check_int
+from ..validation import check_probability as _check_probability
+
 __all__ = [
     "BOUNDS",
     "VARIANCES",
@@ -22,6 +26,7 @@ __all__ = [
     "TotalsFn",
     "argmax_or_raise",
     "as_reward_batch",
+    "check_hooks",
     "check_probability",
     "check_reward_values",
     "checked_rewards",
@@ -79,11 +84,11 @@ class RaceResult:
 
 
 def check_probability(delta: float, name: str = "delta") -> float:
-    """Return ``delta`` as a float; raise ``ValueError`` unless it lies in (0, 1)."""
-    delta = float(delta)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"{name} must lie in (0, 1), got {delta!r}; e.g. {name}=0.05")
-    return delta
+    """Return ``delta`` as a float; raise unless it lies in (0, 1).
+
+    :func:`pymc_subsample.validation.check_probability` with the value first.
+    """
+    return _check_probability(name, delta)
 
 
 def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
@@ -110,27 +115,36 @@ def validate_race_args(delta, bound, batch_size, variance, n_arms) -> float:
     Raises
     ------
     ValueError
-        Naming the argument at fault and the accepted values.
+        Naming the argument at fault, the value and a valid one
+        (:mod:`pymc_subsample.validation`; a value of the wrong type raises
+        its :class:`~pymc_subsample.validation.ArgumentTypeError`, a
+        ``ValueError`` too).
     """
     delta = check_probability(delta)
-    if bound not in BOUNDS:
-        raise ValueError(f"unknown bound {bound!r}; choose one of {BOUNDS}")
-    if variance not in VARIANCES:
-        raise ValueError(f"unknown variance {variance!r}; choose one of {VARIANCES}")
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int | float | np.integer | np.floating)
-        or not np.isfinite(batch_size)
-        or int(batch_size) != batch_size
-        or batch_size < 2
-    ):
-        raise ValueError(
-            f"batch_size must be an integer >= 2 (a variance needs two draws), got "
-            f"{batch_size!r}; the steps also accept 'auto'"
-        )
-    if int(n_arms) != n_arms or n_arms < 1:
-        raise ValueError(f"n_arms must be a positive integer, got {n_arms!r}")
+    check_choice("bound", bound, BOUNDS)
+    check_choice("variance", variance, VARIANCES)
+    check_int(
+        "batch_size", batch_size, low=2, example=50,
+        why=" (a variance needs two draws; the steps also accept 'auto')",
+    )  # fmt: skip
+    check_int("n_arms", n_arms, low=1, example=2)
     return delta
+
+
+def check_hooks(reward_range, exact_after, skew_guard) -> None:
+    """Check the keywords of the shared-index races beside :func:`validate_race_args`.
+
+    ``reward_range`` a finite number >= 0 or None, ``exact_after`` an integer
+    >= 0 or None, ``skew_guard`` a boolean.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, the value and a valid one.
+    """
+    check_float("reward_range", reward_range, low=0.0, example=10.0, special=(None,))
+    check_int("exact_after", exact_after, low=0, example=1000, special=(None,))
+    check_bool("skew_guard", skew_guard)
 
 
 def checked_rewards(

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .common import RaceResult, RewardFn, TotalsFn, validate_race_args
+from ..validation import check_int
+from .common import RaceResult, RewardFn, TotalsFn, check_hooks, validate_race_args
 from .race import RaceConfig, race, race_shared
 
 __all__ = ["sample_categorical"]
@@ -94,6 +95,9 @@ def sample_categorical(
         raise ValueError(f"log_f0 must be a non-empty 1-D array, got shape {log_f0.shape}")
     if config is None:
         validate_race_args(delta, bound, batch_size, variance, len(log_f0))
+        check_hooks(reward_range, exact_after, skew_guard)
+        if np.ndim(n_obs) == 0:
+            check_int("n_obs", n_obs, low=1, example=1000)
     every = np.isfinite(log_f0).all()
     if not every and (np.isnan(log_f0).any() or np.isposinf(log_f0).any()):
         raise ValueError("log_f0 must be finite or -inf (got NaN or +inf)")

@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from ..validation import check_choice, check_float, check_int
 from .bounds import ebs_width, normal_threshold, normal_width, rare_event_floor
 from .common import RaceResult, argmax_or_raise, check_probability, checked_rewards
 from .schedule import IndexStream, doubling_schedule
@@ -72,13 +73,9 @@ def cluster_schedule(n_obs: int, first: int = 3, fraction: float = 0.1) -> np.nd
     numpy.ndarray
         Strictly increasing int64 cumulative sizes ending at ``n_obs``.
     """
-    n_obs = int(n_obs)
-    if n_obs < 1:
-        raise ValueError(f"n_obs must be >= 1, got {n_obs}")
-    if int(first) != first or first < 2:
-        raise ValueError(f"first must be an integer >= 2 (a variance needs two draws), got {first}")
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    n_obs = check_int("n_obs", n_obs, low=1, example=1000)
+    first = check_int("first", first, low=2, example=3, why=" (a variance needs two draws)")
+    fraction = check_float("fraction", fraction, low=0.0, high=1.0, low_open=True, example=0.1)
     if n_obs <= first:
         return np.array([n_obs], dtype=np.int64)
     sizes = [int(first)]
@@ -241,11 +238,8 @@ def race_independent(
         wrong shape, NaN or +inf, or when every arm has a −inf reward.
     """
     delta = check_probability(delta)
-    if bound not in INDEPENDENT_BOUNDS:
-        raise ValueError(
-            f"unknown bound {bound!r} for independent populations; "
-            f"choose one of {INDEPENDENT_BOUNDS}"
-        )
+    check_choice("bound", bound, INDEPENDENT_BOUNDS)
+    check_choice("quantile", quantile, QUANTILES)
     sizes = np.asarray(sizes)
     if (
         sizes.ndim != 1
@@ -256,10 +250,9 @@ def race_independent(
         raise ValueError(f"sizes must be a non-empty 1-D sequence of integers >= 1, got {sizes!r}")
     sizes = sizes.astype(np.int64)
     n_arms = len(sizes)
-    if int(batch_size) != batch_size or batch_size < 2:
-        raise ValueError(
-            f"batch_size must be an integer >= 2 (a variance needs two draws), got {batch_size!r}"
-        )
+    batch_size = check_int(
+        "batch_size", batch_size, low=2, example=50, why=" (a variance needs two draws)"
+    )
     offsets = np.zeros(n_arms) if offsets is None else np.asarray(offsets, dtype=float)
     if offsets.shape != (n_arms,) or not np.isfinite(offsets).all():
         raise ValueError(f"offsets must be {n_arms} finite numbers (one per arm), got {offsets!r}")
@@ -275,8 +268,6 @@ def race_independent(
 
     delta_arm = delta / n_arms
     n_looks = np.array([max(len(lk) - 1, 1) for lk in looks])
-    if quantile not in QUANTILES:
-        raise ValueError(f"unknown quantile {quantile!r}; choose one of {QUANTILES}")
     if bound == "normal" and quantile == "joint":
         thresholds = np.array(
             [

@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..validation import check_choice
 from .bounds import EBSBound, NormalBound, normal_threshold
 from .common import (
     BOUNDS,
@@ -38,6 +39,7 @@ from .common import (
     TotalsFn,
     argmax_or_raise,
     as_reward_batch,
+    check_hooks,
     check_reward_values,
     exact_totals,
     validate_race_args,
@@ -179,9 +181,7 @@ class RaceConfig:
                 f"RaceConfig is for the shared-index races ('normal', 'ebs'); got {self.bound!r}: "
                 "use lil_ucb(...) or race_exact(...) for the others"
             )
-        rr = self.reward_range
-        if rr is not None and not (np.isfinite(rr) and rr >= 0):
-            raise ValueError(f"reward_range must be a finite number >= 0, got {rr!r}")
+        check_hooks(self.reward_range, None, self.skew_guard)
         if self.schedule is not None:
             looks = np.asarray(self.schedule)
             if len(looks) and ((np.diff(looks) <= 0).any() or looks[0] < 2):
@@ -189,8 +189,7 @@ class RaceConfig:
             object.__setattr__(self, "schedule", tuple(int(s) for s in self.schedule))
         if not isinstance(self.exact, ExactSwitch):
             raise TypeError(f"exact must be an ExactSwitch, got {self.exact!r}")
-        if self.batches not in BATCHES:
-            raise ValueError(f"unknown batches {self.batches!r}; choose one of {BATCHES}")
+        check_choice("batches", self.batches, BATCHES)
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "batch_size", int(self.batch_size))
 
@@ -819,8 +818,7 @@ def race(
     sizes = np.atleast_1d(np.asarray(n_obs))
     if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 1).any():
         raise ValueError(f"n_obs must be a positive integer or one per arm, got {n_obs!r}")
-    if reward_range is not None and not (np.isfinite(reward_range) and reward_range >= 0):
-        raise ValueError(f"reward_range must be a finite number >= 0, got {reward_range!r}")
+    check_hooks(reward_range, exact_after, skew_guard)
     if len(sizes) > 1 or (np.ndim(n_obs) == 1 and n_arms > 1):
         if len(sizes) != n_arms:
             raise ValueError(f"n_obs has {len(sizes)} entries for {n_arms} arms")

@@ -17,6 +17,8 @@ import numpy as np
 
 from .._numba_cache import njit_cached
 
+from ..validation import check_int
+
 __all__ = [
     "claim_bitmap",
     "new_seed",
@@ -611,9 +613,7 @@ class ExactSwitch:
     @classmethod
     def after_size(cls, size: int) -> ExactSwitch:
         """Race while at most ``size`` observations have been drawn, then decide exactly."""
-        if int(size) != size or size < 0:
-            raise ValueError(f"the exact switch needs a size >= 0, got {size!r}")
-        return cls(int(size))
+        return cls(check_int("size", size, low=0, example=1000))
 
     @property
     def decides_at_once(self) -> bool:
