@@ -613,7 +613,7 @@ class ObservationTerms:
         ]
         old_n = self.n_obs
         if self._union is not None:  # pad the user's inputs again: the union's own inputs
-            self._union.take_up(self._counts_on_new_data(point))
+            self._union.take_up(lambda: self._counts_on_new_data(point))
         rows = {d.name: int(np.shape(d.get_value(borrow=True))[0]) for d in self.data}
         if len(set(rows.values())) > 1:
             detail = ", ".join(f"{name} has {n}" for name, n in rows.items())

@@ -28,7 +28,7 @@ whenever they change (``pm.set_data``); it is never written by the user.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytensor
@@ -285,18 +285,19 @@ class UnionIndex:
 
     # -- new data --------------------------------------------------------------------------
 
-    def take_up(self, lengths: Sequence[int]) -> int:
+    def take_up(self, counts: Callable[[], Sequence[int]]) -> int:
         r"""Pad the user's current inputs again; return the new :math:`N`.
 
-        ``lengths`` are the observed variables' numbers of observations on the
-        new data (from their own graphs). Nothing is changed when they do not
-        agree with the inputs' rows.
+        ``counts()`` returns the observed variables' numbers of observations
+        on the new data (from their own graphs); it is called once each
+        group's inputs agree on their rows. Nothing is changed when a check
+        fails.
 
         Raises
         ------
         ValueError
-            When a group's inputs no longer have one number of rows, or that
-            number is not its likelihood's.
+            When a group's inputs no longer have one number of rows, that
+            number is not its likelihood's, or a group has no rows.
         """
         new = []
         for g, group in enumerate(self.user_data):
@@ -309,21 +310,23 @@ class UnionIndex:
                     "one of them to the new number of observations, in one pm.set_data({...}) "
                     "call, before sampling"
                 )
-            n_rows = next(iter(rows.values()))
+            new.append(next(iter(rows.values())))
+        lengths = counts()
+        for g, n_rows in enumerate(new):
             own = {int(n) for n, k in zip(lengths, self.group_of, strict=True) if k == g}
             if own != {n_rows}:
                 raise ValueError(
                     f"the likelihood of {', '.join(self.names[g])} has {sorted(own)} "
-                    f"observations, but its per-observation data inputs {list(rows)} have "
-                    f"{n_rows} rows: the number of observations is fixed somewhere else in the "
-                    "model (a shape= or dims length); the step cannot take up the new data"
+                    f"observations, but its per-observation data inputs "
+                    f"{[d.name for d in self.user_data[g]]} have {n_rows} rows: the number of "
+                    "observations is fixed somewhere else in the model (a shape= or dims "
+                    "length); the step cannot take up the new data"
                 )
             if n_rows == 0:
                 raise ValueError(
                     f"the new data of {', '.join(self.names[g])} have no rows; the step "
                     "cannot race over them"
                 )
-            new.append(n_rows)
         self._set_layout(new)
         self.label.set_value(self._labels(), borrow=True)
         for group, padded, off in zip(self.user_data, self.padded, self.offsets, strict=True):
