@@ -204,7 +204,7 @@ def test_new_data_of_one_group_at_two_lengths_are_refused():
 
 def test_a_lag_inside_one_group_is_still_refused():
     rng = np.random.default_rng(14)
-    with pm.Model() as model:
+    with pm.Model():
         mu = pm.Normal("mu", 0, 1)
         q = pm.Categorical("q", np.ones(3) / 3)
         shift = pt.as_tensor([0.0, 0.1, 0.2])[q]
@@ -222,7 +222,7 @@ def test_a_lag_inside_one_group_is_still_refused():
 def test_a_number_of_observations_fixed_by_shape_is_refused():
     """Padded rows cannot enter a likelihood whose length is a constant: a clear refusal."""
     rng = np.random.default_rng(15)
-    with pm.Model() as model:
+    with pm.Model():
         mu = pm.Normal("mu", 0, 1)
         pm.Normal("y1", mu, 1, observed=pm.Data("y1d", rng.normal(size=50)))
         pm.Normal("y2", mu, 1, observed=pm.Data("y2d", rng.normal(size=30)), shape=30)
