@@ -179,7 +179,7 @@ def block_terms(model, value_vars, rvs, *, potentials: bool = True) -> list:
 
 
 class ObservationTerms:
-    """Per-observation log-likelihood terms of a block of variables, on index subsets.
+    r"""Per-observation log-likelihood terms of a block of variables, on index subsets.
 
     Parameters
     ----------
@@ -221,14 +221,26 @@ class ObservationTerms:
     inputs : list
         The other value variables the terms depend on (read from the point).
 
+    Notes
+    -----
+    Observed variables of different lengths :math:`N_1, \dots, N_G` that
+    depend on the block are raced over the union of their rows,
+    :math:`N = \sum_g N_g` (:class:`~pymc_subsample.union.UnionIndex`): their
+    per-observation inputs are padded to :math:`N` rows and a per-row group
+    label chooses each row's term. A union row then costs :math:`G` term
+    evaluations, and the padded copies hold :math:`G N` rows. The row rules
+    are checked on each group's own graph and rows.
+
     Raises
     ------
     ModelSplitError
         When no observed variable depends on the block, observed data or
-        covariates are NumPy arrays baked into the graph, observed variables
-        have different lengths, or the subset graph disagrees with the full
-        one (per-observation latent variables, observations coupled through a
-        time-series likelihood, a per-observation input that is not indexed).
+        covariates are NumPy arrays baked into the graph, the subset graph
+        disagrees with the full one (per-observation latent variables,
+        observations coupled through a time-series likelihood, a
+        per-observation input that is not indexed), or observed variables of
+        different lengths cannot be padded to the union of their rows (a
+        ``shape=`` fixed to a number of observations).
     """
 
     def __init__(

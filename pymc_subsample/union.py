@@ -259,11 +259,12 @@ class UnionIndex:
                 union, *own = fn(*[point[v.name] for v in value_vars])
             except Exception as err:  # noqa: BLE001 (any failure on the padded rows)
                 self._refuse_padding(
-                    f"they cannot be evaluated on it ({type(err).__name__}: {err})"
+                    "the terms cannot be evaluated on the padded rows "
+                    f"({type(err).__name__}: {err})"
                 )
             union = np.asarray(union)
             if union.shape != (self.n_obs,):
-                self._refuse_padding(f"they give {union.shape} terms for {self.n_obs} rows")
+                self._refuse_padding(f"the terms have shape {union.shape} on {self.n_obs} rows")
             for g, (lp, off, n) in enumerate(zip(own, self.offsets, self.lengths, strict=True)):
                 mine = union[off : off + n]
                 if np.shape(lp) != (n,) or not np.allclose(
