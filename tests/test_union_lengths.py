@@ -12,6 +12,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 import pytest
+from scipy import stats
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
 
@@ -255,3 +256,33 @@ def test_both_steps_at_fifty_and_thirty_thousand_rows_with_defaults():
     lps = np.array([logp({"q": np.asarray(k, dtype="int64")}) for k in range(len(theta))])
     probs = np.exp(lps - lps.max())
     assert_matches_enumeration(draws.posterior["q"].values.ravel(), probs / probs.sum(), step.delta)
+
+
+def test_an_expansion_in_a_deterministic_adds_up_over_two_lengths():
+    """expand_in rebuilds the terms from the observed variables: the union's rewrite applies."""
+    rng = np.random.default_rng(19)
+    y1, x2 = 0.5 + 1.3 * rng.normal(size=300), rng.normal(size=200)
+    y2 = 0.5 * x2 + 2.6 * rng.normal(size=200)
+    with pm.Model() as model:
+        z = pm.Normal("z", 0.0, 1.0)
+        scale = pm.Deterministic("scale", pt.exp(z))
+        pm.Normal("y1", 0.5, scale, observed=pm.Data("y1d", y1))
+        pm.Normal("y2", 0.5 * pm.Data("x2", x2), 2 * scale, observed=pm.Data("y2d", y2))
+        step = RacingMetropolis([z], expand_in=["scale"], proposal="normal", rng=4)
+    point = model.initial_point()
+    x = step._flatten([point["z"]])
+    step._ensure_surrogate(x, point)
+    surrogate = step.coordinate_surrogate
+    assert surrogate is not None
+    theta = x + 0.2
+    rows = step._to_coordinates(step._split(theta), point)[None]
+    terms = step.terms
+    residuals = terms.taylor_residual_batch(
+        rows, surrogate.theta_ref, slice(0, terms.n_obs), point, step._coordinate_shapes,
+        step._coordinates,
+    )  # fmt: skip
+    exact = terms.loglik_sum(step._candidates(theta[None]), point)
+    s = np.exp(theta[0])
+    by_hand = stats.norm.logpdf(y1, 0.5, s).sum() + stats.norm.logpdf(y2, 0.5 * x2, 2 * s).sum()
+    np.testing.assert_allclose(exact, [by_hand], rtol=1e-7)  # PyMC's float32 constants
+    np.testing.assert_allclose(residuals.sum() + surrogate.total(rows), exact, rtol=1e-10)
