@@ -288,3 +288,17 @@ def test_an_expansion_in_a_deterministic_adds_up_over_two_lengths():
     by_hand = stats.norm.logpdf(y1, 0.5, s).sum() + stats.norm.logpdf(y2, 0.5 * x2, 2 * s).sum()
     np.testing.assert_allclose(exact, [by_hand], rtol=1e-7)  # PyMC's float32 constants
     np.testing.assert_allclose(residuals.sum() + surrogate.total(rows), exact, rtol=1e-10)
+
+
+def test_data_listed_by_hand_are_assigned_to_their_groups():
+    x1, y1, x2, y2 = two_regressions(30, 20, seed=20)
+    model = regression_model(x1, y1, x2, y2)
+    with model:
+        step = RacingMetropolis([model["b"]], data=["y1d", "x1", "y2d", "x2"], rng=0)
+        assert [d.name for d in step.terms.watched[:4]] == ["y1d", "x1", "y2d", "x2"]
+        assert step.terms.n_obs == 50
+        pm.Data("unused", np.zeros(7))
+        with pytest.raises(ModelSplitError, match=r"'unused' is not a per-observation input"):
+            RacingMetropolis([model["b"]], data=["y1d", "x1", "y2d", "x2", "unused"])
+        with pytest.raises(ModelSplitError, match=r"no pm.Data input with 20 rows .* y2"):
+            RacingMetropolis([model["b"]], data=["y1d", "x1"])
