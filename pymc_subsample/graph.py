@@ -46,6 +46,7 @@ from .batched import vectorize_per_point
 from .chunked_sum import ChunkedSum
 from .racing.compiled import CompiledRewards
 from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
+from .union import UnionIndex
 from .validation import ArgumentTypeError, check_choice
 
 __all__ = [
@@ -281,7 +282,7 @@ def block_terms(model, value_vars, rvs, *, potentials: bool = True) -> list:
 
 
 class ObservationTerms:
-    """Per-observation log-likelihood terms of a block of variables, on index subsets.
+    r"""Per-observation log-likelihood terms of a block of variables, on index subsets.
 
     Parameters
     ----------
@@ -325,16 +326,27 @@ class ObservationTerms:
     inputs : list
         The other value variables the terms depend on (read from the point).
 
+    Notes
+    -----
+    Observed variables of different lengths :math:`N_1, \dots, N_G` that
+    depend on the block are raced over the union of their rows,
+    :math:`N = \sum_g N_g` (:class:`~pymc_subsample.union.UnionIndex`): their
+    per-observation inputs are padded to :math:`N` rows and a per-row group
+    label chooses each row's term. A union row then costs :math:`G` term
+    evaluations, and the padded copies hold :math:`G N` rows. The row rules
+    are checked on each group's own graph and rows.
+
     Raises
     ------
     ModelSplitError
         When no observed variable depends on the block, it has no
         observations (:math:`N = 0`), the data hold missing values (NaN or
-        masked entries), observed data or
-        covariates are NumPy arrays baked into the graph, observed variables
-        have different lengths, or the subset graph disagrees with the full
-        one (per-observation latent variables, observations coupled through a
-        time-series likelihood, a per-observation input that is not indexed).
+        masked entries), observed data or covariates are NumPy arrays baked
+        into the graph, the subset graph disagrees with the full one
+        (per-observation latent variables, observations coupled through a
+        time-series likelihood, a per-observation input that is not indexed),
+        or observed variables of different lengths cannot be padded to the
+        union of their rows (a ``shape=`` fixed to a number of observations).
     """
 
     def __init__(
@@ -378,29 +390,40 @@ class ObservationTerms:
         value_vars = model.value_vars
         self._value_vars = value_vars
         lengths = self._lengths(model, per_obs, point, compile_kwargs)
+        #: observed variables of different lengths: one index over the union of their rows
+        self._union: UnionIndex | None = None
         if len(set(lengths)) > 1:
-            detail = ", ".join(f"{o} has {n}" for o, n in zip(observed, lengths, strict=True))
-            raise ModelSplitError(
-                f"observed variables depending on {names} have different numbers of "
-                f"observations ({detail}); terms can only be raced over one common index. "
-                "Give them a common first dimension or update the variable with an exact step"
-            )
-        self.n_obs = int(lengths[0])
-        loglik = per_obs[0]
-        for lp in per_obs[1:]:
-            loglik = loglik + lp
+            self._union = UnionIndex(model, per_obs, observed, lengths, data)
+            self.n_obs = self._union.n_obs
+            loglik = self._union.loglik
+        else:
+            self.n_obs = int(lengths[0])
+            loglik = per_obs[0]
+            for lp in per_obs[1:]:
+                loglik = loglik + lp
 
         exact_terms = block_terms(model, self.vars, model.free_RVs) + scalar_obs
         log_f0 = pt.add(*exact_terms) if len(exact_terms) > 1 else exact_terms[0]
 
-        self.data = self._find_data(model, loglik, data, observed)
-        self._check_rows(self.n_obs)
-        self._reject_numpy_inputs(loglik, observed)
-        self._mixing = find_row_mixing(loglik, self.data)
-        self._reject_row_mixing(names)
         shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
+        if self._union is None:
+            self.data = self._find_data(model, loglik, data, observed)
+            self._reject_numpy_inputs(loglik, observed)
+            self._mixing = find_row_mixing(loglik, self.data)
+            own = self.data
+        else:  # the union's label and padded inputs; checks on each group's own graph
+            self.data = self._union.data
+            for lp, names_g, n in zip(
+                self._union.group_lps, self._union.names, self._union.lengths, strict=True
+            ):
+                self._reject_numpy_inputs(lp, names_g, n)
+            self._mixing = self._union.row_mixing()
+            own = self._union.watched()
+            shared = [v for v in shared if v not in self.data]
+        self._check_rows(self.n_obs)
+        self._reject_row_mixing(names)
         #: every pm.Data input of the terms, the per-observation ones first (:meth:`data_unchanged`)
-        self.watched = self.data + [v for v in shared if v not in self.data]
+        self.watched = own + [v for v in shared if v not in own]
         self._watch_data()
 
         idx = pt.lvector("idx")
@@ -484,6 +507,10 @@ class ObservationTerms:
             self._window_fn = self._compile(outs[4], [*self._cands, start, stop, *self.inputs])
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
+        if self._union is not None:
+            self._union.check_padding(
+                [point, *prior_points(model, LOCALITY_DRAWS, seed=0)], value_vars, compile_kwargs
+            )
         self._check_row_locality(point, names)
 
     # -- construction helpers -------------------------------------------------
@@ -568,16 +595,17 @@ class ObservationTerms:
             )
         return found
 
-    def _reject_numpy_inputs(self, loglik, observed) -> None:
+    def _reject_numpy_inputs(self, loglik, observed, n_obs: int | None = None) -> None:
+        n_obs = self.n_obs if n_obs is None else n_obs
         for v in graph_inputs([loglik]):
             if (
                 isinstance(v, Constant)
                 and np.ndim(v.data) >= 1
-                and np.shape(v.data)[0] == self.n_obs
-                and self.n_obs > 1
+                and np.shape(v.data)[0] == n_obs
+                and n_obs > 1
             ):
                 raise ModelSplitError(
-                    f"a NumPy array with {self.n_obs} rows (shape {np.shape(v.data)}) is baked "
+                    f"a NumPy array with {n_obs} rows (shape {np.shape(v.data)}) is baked "
                     f"into the likelihood of {', '.join(observed)}, e.g. covariates passed as "
                     "a NumPy array: wrap it in pm.Data so that it can be indexed by observation"
                 )
@@ -608,29 +636,35 @@ class ObservationTerms:
         """
         rng = np.random.default_rng(0)
         rows = self._data_rows()
-        if self.n_obs > LOCALITY_ROWS:  # the data restricted to random rows, kept in order
-            keep = np.sort(rng.choice(self.n_obs, size=LOCALITY_ROWS, replace=False))
-            rows = [r.take(keep, axis=0) for r in rows]
+        # over the union of rows of different lengths: each group's own rows, checked apart
+        parts = [rows] if self._union is None else self._union.group_rows(rows)
+        for i, part in enumerate(parts):
+            n_part = len(part[0]) if part else 0
+            if n_part > LOCALITY_ROWS:  # the data restricted to random rows, kept in order
+                keep = np.sort(rng.choice(n_part, size=LOCALITY_ROWS, replace=False))
+                parts[i] = [r.take(keep, axis=0) for r in part]
         for at in [point, *prior_points(self._model, LOCALITY_DRAWS, seed=0)]:
             cands = [np.asarray(at[v.name], dtype=v.dtype)[None] for v in self.vars]
             others = [
                 np.asarray(at[n], dtype=d)
                 for n, d in zip(self._input_names, self._input_dtypes, strict=True)
             ]
-            try:
-                failure = equivariance_failure(
-                    lambda r, c=cands, o=others: self._rows_fn(*c, *r, *o), rows, rng
-                )
-            except Exception as err:  # the terms could not even be evaluated on a subset
-                failure = f"evaluating them on a subset failed ({type(err).__name__}: {err})"
-            if failure is not None:
-                self._refuse_not_local(at, names, failure)
+            for part in parts:
+                try:
+                    failure = equivariance_failure(
+                        lambda r, c=cands, o=others: self._rows_fn(*c, *r, *o), part, rng
+                    )
+                except Exception as err:  # the terms could not even be evaluated on a subset
+                    failure = f"evaluating them on a subset failed ({type(err).__name__}: {err})"
+                if failure is not None:
+                    self._refuse_not_local(at, names, failure)
 
     def _refuse_not_local(self, point: dict, names: str, failure: str) -> None:
+        counts = [self.n_obs] if self._union is None else self._union.lengths
         latent = [
             n
             for n in self._input_names
-            if np.ndim(point[n]) >= 1 and np.shape(point[n])[0] == self.n_obs
+            if np.ndim(point[n]) >= 1 and np.shape(point[n])[0] in counts
         ]
         if latent:
             raise ModelSplitError(
@@ -648,6 +682,7 @@ class ObservationTerms:
             and np.ndim(v.get_value(borrow=True)) >= 1
             and v not in self.data
         ]
+        indexed = [d.name for d in (self.data if self._union is None else self._union.watched())]
         if foreign:
             detail += (
                 f" Inputs read whole, not by observation: {', '.join(foreign)}; a slice of "
@@ -656,7 +691,7 @@ class ObservationTerms:
         raise ModelSplitError(
             f"the likelihood terms of {', '.join(self.observed)} are not row-local: {failure} "
             "at a draw from the prior, so term n reads more than row n of the data "
-            f"(indexed inputs: {[d.name for d in self.data]}).{detail} If a per-observation "
+            f"(indexed inputs: {indexed}).{detail} If a per-observation "
             "pm.Data input is missing from the indexed ones, pass data=[...] listing every one. "
             + LAG_FIX
         )
@@ -749,8 +784,10 @@ class ObservationTerms:
             for v, (storage, seen) in zip(self.watched, self._watch, strict=True)
             if storage[0] is not seen
         ]
-        rows = {d.name: int(np.shape(d.get_value(borrow=True))[0]) for d in self.data}
         old_n = self.n_obs
+        if self._union is not None:  # pad the user's inputs again: the union's own inputs
+            self._union.take_up(lambda: self._counts_on_new_data(point))
+        rows = {d.name: int(np.shape(d.get_value(borrow=True))[0]) for d in self.data}
         if len(set(rows.values())) > 1:
             detail = ", ".join(f"{name} has {n}" for name, n in rows.items())
             moved = [name for name, n in rows.items() if n != old_n]
@@ -760,13 +797,7 @@ class ObservationTerms:
                 "alone. Set every one of them to the new number of observations, in one "
                 "pm.set_data({...}) call, before sampling"
             )
-        try:
-            lengths = self._lengths_fn(*[point[v.name] for v in self._value_vars])
-        except Exception as err:
-            raise ValueError(
-                f"the likelihood of {', '.join(self.observed)} cannot be evaluated on the new "
-                f"data ({type(err).__name__}: {err}); the step cannot take them up"
-            ) from err
+        lengths = self._counts_on_new_data(point) if self._union is None else []
         new_n = next(iter(rows.values()))
         if any(int(n) != new_n for n in lengths):
             raise ValueError(
@@ -787,6 +818,16 @@ class ObservationTerms:
         self._sum_rows.reset()
         self._watch_data()
         return changed, old_n, new_n
+
+    def _counts_on_new_data(self, point: dict) -> list[int]:
+        """Return the observed variables' numbers of observations on the data as they are now."""
+        try:
+            return [int(n) for n in self._lengths_fn(*[point[v.name] for v in self._value_vars])]
+        except Exception as err:
+            raise ValueError(
+                f"the likelihood of {', '.join(self.observed)} cannot be evaluated on the new "
+                f"data ({type(err).__name__}: {err}); the step cannot take them up"
+            ) from err
 
     def shuffle(self, rng: np.random.Generator) -> None:
         """Redraw the row permutation behind :meth:`loglik_batch` (one pass over the data).
@@ -1068,14 +1109,18 @@ class ObservationTerms:
         from pymc.logprob.utils import replace_rvs_by_values
 
         model = self._model
-        total = None
+        lps = []
         for rv in self._observed_rvs:
             mapping = {k: v for k, v in model.rvs_to_values.items() if k is not rv} | replace
             [new_rv] = replace_rvs_by_values(
                 [rv], rvs_to_values=mapping, rvs_to_transforms=model.rvs_to_transforms
             )
-            lp = _per_observation(logp(new_rv, model.rvs_to_values[rv]))
-            total = lp if total is None else total + lp
+            lps.append(_per_observation(logp(new_rv, model.rvs_to_values[rv])))
+        if self._union is not None:
+            return self._union.combine(lps)
+        total = lps[0]
+        for lp in lps[1:]:
+            total = total + lp
         return total
 
     def _expansion_graph(self) -> tuple:

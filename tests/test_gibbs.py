@@ -551,15 +551,19 @@ def test_time_series_coupling_is_rejected():
             SubsampledCategoricalGibbs([q])
 
 
-def test_observed_variables_of_different_lengths_are_rejected():
+def test_observed_variables_of_different_lengths_are_raced_over_the_union():
+    """Accepted since the union index: the terms' sums are the two likelihoods' (no refusal)."""
+    rng = np.random.default_rng(0)
+    ya, yb = rng.normal(size=30), rng.normal(size=20)
     with pm.Model():
-        a = pm.Data("a", np.zeros(30))
-        b = pm.Data("b", np.zeros(20))
         q = pm.Categorical("q", p=np.ones(2) / 2)
-        pm.Normal("ya", q, 1.0, observed=a)
-        pm.Normal("yb", q, 1.0, observed=b)
-        with pytest.raises(ModelSplitError, match="different numbers"):
-            SubsampledCategoricalGibbs([q])
+        pm.Normal("ya", q, 1.0, observed=pm.Data("a", ya))
+        pm.Normal("yb", q, 2.0, observed=pm.Data("b", yb))
+        step = SubsampledCategoricalGibbs([q])
+    assert step.terms.n_obs == 50
+    sums = step.terms.loglik_sum([np.array([0, 1])], step.initial_point)
+    exact = [stats.norm.logpdf(ya, k).sum() + stats.norm.logpdf(yb, k, 2.0).sum() for k in (0, 1)]
+    np.testing.assert_allclose(sums, exact, rtol=1e-7)  # float32 constants of PyMC
 
 
 def test_variable_without_observed_children_is_rejected():

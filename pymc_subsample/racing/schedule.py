@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._numba_cache import njit_cached
-
 from ..validation import check_int
 
 __all__ = [
