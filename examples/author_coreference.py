@@ -40,7 +40,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from pymc_subsample.coreference import (
+from coreference.model import (
     b_cubed,
     fit_pair_logistic,
     mention_pair_features,
@@ -48,7 +48,7 @@ from pymc_subsample.coreference import (
     power_law_mentions,
     sample_block_pairs,
 )
-from pymc_subsample.racing.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
+from coreference.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
