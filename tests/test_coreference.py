@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from coreference.factor_gibbs import PairwiseFactorGibbs
 from coreference.model import (
     FEATURE_NAMES,
     b_cubed,
@@ -16,7 +17,6 @@ from coreference.model import (
     power_law_mentions,
     sample_block_pairs,
 )
-from coreference.factor_gibbs import PairwiseFactorGibbs
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "author_coreference.py"
 
