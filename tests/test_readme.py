@@ -1,9 +1,11 @@
 """The README's Python code blocks run as written.
 
 Every ```` ```python ```` block of README.md is executed, in order, in one
-namespace. The main example samples N = 500,000 rows twice; the default run
-executes it with ``N = 20_000`` (the one substitution: the line ``N = 500_000``
-replaced, checked to be present), and the slow run executes it as written.
+namespace. The main example samples N = 500,000 rows twice with PyMC's default
+1,000 + 1,000 draws a chain; the slow test executes it as written, and the
+default run executes it with two substitutions, both checked to apply: the line
+``N = 500_000`` becomes ``N = 20_000``, and each ``pm.sample(`` call gets
+``tune=300, draws=300`` first.
 """
 
 import re
@@ -15,6 +17,7 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 FULL_N = "N = 500_000"
 SMALL_N = "N = 20_000"
+SHORT = "tune=300, draws=300, "
 
 
 def python_blocks() -> list[str]:
@@ -59,8 +62,9 @@ def test_small_python_blocks_run():
 
 def test_main_example_runs_at_a_smaller_n():
     code = main_example()
-    ns = run(code.replace(FULL_N, SMALL_N))
-    assert ns["N"] == 20_000
+    assert code.count("pm.sample(\n") == 2
+    ns = run(code.replace(FULL_N, SMALL_N).replace("pm.sample(\n", "pm.sample(\n" + SHORT))
+    assert ns["N"] == 20_000 and ns["idata"].posterior.sizes["draw"] == 300
     check_main_example(ns, saving=False)  # at N = 20,000 most draws are decided exactly
 
 
