@@ -845,6 +845,7 @@ def terms_to_converge(
 
 
 def main():
+    global OUT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws")
     parser.add_argument("--repeats", type=int, help="runs of each sampler (quick: 1, else 5)")
@@ -868,7 +869,6 @@ def main():
         "--out", type=Path, default=OUT, help="output directory (default: working directory)"
     )
     args = parser.parse_args()
-    global OUT
     OUT = args.out
     if args.residuals:
         main_residuals()

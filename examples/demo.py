@@ -80,12 +80,22 @@ def build_model(n_obs: int, seed: int = 0) -> pm.Model:
 
 
 def run(model: pm.Model, make_steps, *, draws: int, tune: int, chains: int, seed: int):
-    """Build the steps and sample; return the result and (time to first draw, sampling time)."""
+    """Build the steps and sample; return the result and (time to first draw, total time).
+
+    The time to first draw runs from building the steps to the first draw of
+    ``pm.sample``: the steps' construction, their compiled functions and PyMC's
+    own set-up. Functions compiled later, at their first use, count in the
+    sampling time.
+    """
+    first: list[float] = []
+
+    def callback(trace, draw):
+        if not first:
+            first.append(time.perf_counter())
+
     with model:
         t0 = time.perf_counter()
         steps = make_steps(model)
-        built = time.perf_counter() - t0
-        t0 = time.perf_counter()
         idata = pm.sample(
             draws=draws,
             tune=tune,
@@ -95,11 +105,10 @@ def run(model: pm.Model, make_steps, *, draws: int, tune: int, chains: int, seed
             random_seed=seed,
             progressbar=False,
             compute_convergence_checks=False,
+            callback=callback,
         )
-        wall = time.perf_counter() - t0
-    sampling = float(idata["sample_stats"].attrs["sampling_time"])
-    # pm.sample's own set-up before its first draw (initial point, compiling) counts as start-up
-    return idata, (built + max(wall - sampling, 0.0), sampling)
+        total = time.perf_counter() - t0
+    return idata, (first[0] - t0, total)
 
 
 def ours(model: pm.Model):
@@ -145,9 +154,9 @@ def figure(runs: dict, times: dict, path: Path) -> None:
     axes[2].set_title("posterior of the noise scale $s_q$")
     labels = list(times)
     start = [times[k][0] for k in labels]
-    sampling = [times[k][1] for k in labels]
+    rest = [times[k][1] - times[k][0] for k in labels]
     axes[3].barh(labels, start, color="0.6", label="time to first draw")
-    axes[3].barh(labels, sampling, left=start, color="C2", label="sampling")
+    axes[3].barh(labels, rest, left=start, color="C2", label="sampling")
     axes[3].set_xlabel("seconds")
     axes[3].set_title("wall time")
     for ax in axes:
@@ -200,9 +209,10 @@ def main() -> None:
                 flush=True,
             )
         runs[label], times[label] = run(model, make_steps, **how)
+        sampling = float(runs[label]["sample_stats"].attrs["sampling_time"])
         print(
             f"  time to first draw {times[label][0]:.1f} s (steps built, functions compiled); "
-            f"sampling {times[label][1]:.1f} s",
+            f"sampling {sampling:.1f} s; in all {times[label][1]:.1f} s",
             flush=True,
         )
 
