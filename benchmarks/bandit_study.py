@@ -19,6 +19,7 @@ import argparse
 import time
 from pathlib import Path
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 
 from support.synthetic import (

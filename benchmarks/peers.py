@@ -9,7 +9,7 @@ put them in its table in the same run. Install them with
 ``pip install -e '.[peers]'``; :func:`available` says which are usable, and why
 not.
 
-Models: those of ``benchmarks/support/models.py`` (data and PyMC models), the
+Models: those of ``tests/support/models.py`` (data and PyMC models), the
 numpyro versions written here to match (coefficients named ``a``, ``b[0]`` ...
 ``b[3]``):
 
@@ -45,6 +45,7 @@ import importlib.util
 import time
 from dataclasses import dataclass, field
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 
 from support.models import COEFS, logistic_data, logistic_model, studentt_data, studentt_model

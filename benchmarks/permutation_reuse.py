@@ -26,6 +26,7 @@ import contextlib
 from pathlib import Path
 from unittest import mock
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt

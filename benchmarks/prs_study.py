@@ -4,7 +4,7 @@ Acceptance rate = accepted i.i.d. draws / evaluations of f. PRS: the initial
 phase included; its N = n^((2s+d)/(3s+d)) for budget n, s = 2, delta = 0.01;
 N/2 with refinement (``default_n_init``). Every sampler spends the budget n
 (PRS and simple rejection stop at the first call that reaches it). Targets
-(``benchmarks/support/targets.py``):
+(``tests/support/targets.py``):
 
 * Fig. 3: peakiness f ~ exp(-x)/(1+x)^a on [0, 10], a in {2, 5, 10, 15, 20},
   n in {1e5, 1e6};
@@ -37,6 +37,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 
 from pymc_subsample.prs import PliableRejectionSampler, default_n_init

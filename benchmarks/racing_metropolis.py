@@ -1,6 +1,6 @@
 """RacingMetropolis at its defaults against the samplers a user would pick instead.
 
-Models (``benchmarks/support/models.py`` builds the data and the PyMC models): a logistic
+Models (``tests/support/models.py`` builds the data and the PyMC models): a logistic
 regression with an intercept and four covariates at N in {1e5, 1e6, 1e7}, and a
 robust (Student-t, 4 degrees of freedom) regression at N = 1e6. Samplers, in
 the same run, chains one after the other:
@@ -39,6 +39,7 @@ import json
 import time
 from pathlib import Path
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import arviz as az
 import numpy as np
 import peers

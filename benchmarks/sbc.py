@@ -32,6 +32,7 @@ import argparse
 import json
 from pathlib import Path
 
+import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 from scipy import stats
 

@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pymc_subsample
 
-# the study support package (benchmarks/support, not installed) is documented too
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+# documented too, though not installed: the study support package (tests/support) and
+# the coreference example's package (examples/coreference)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
 
 project = "pymc-subsample"
 author = "pymc-subsample developers"

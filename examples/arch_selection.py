@@ -44,7 +44,8 @@ Our steps are built once; the pilot's draws are their first tuning draws
 (the surrogates of :class:`~pymc_subsample.RacingMetropolis` are fitted
 there), then both of our runs use them.
 
-Writes ``docs/examples/arch_table.md``, ``arch_runs.json`` and ``arch_q.png``.
+Writes ``arch_table.md``, ``arch_runs.json`` and ``arch_q.png`` into ``--out`` (default:
+the working directory; ``--out docs/examples`` regenerates the documentation's).
 ``--quick`` runs each sampler once on the last 5,000 returns with 200 tuning
 and 300 kept draws per chain, without the marginalised baseline (``--marginal``
 adds it); the full run all four five times on 13,000 returns with 1,000 and
@@ -64,7 +65,7 @@ no marginalised baseline, which reads six orders per gradient), with fewer draws
 race can tell the orders apart from a subsample, for the raw terms, our control
 variates and the paper's data-space ones; writes ``arch_residuals.md``.
 
-Run: ``python examples/arch_selection.py [--quick | --simulate | --residuals]``.
+Run: ``python examples/arch_selection.py [--quick | --simulate | --residuals] [--out DIR]``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ from pymc.step_methods.compound import BlockedStep
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
 
 matplotlib.use("Agg")
-OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
+#: Output directory: the working directory unless ``--out`` says otherwise.
+OUT = Path(".")
 Q_GRID = (5, 10, 15, 20, 25, 30)
 Q_MAX = max(Q_GRID)
 N_RETURNS = 13_000
@@ -843,6 +845,7 @@ def terms_to_converge(
 
 
 def main():
+    global OUT
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer draws")
     parser.add_argument("--repeats", type=int, help="runs of each sampler (quick: 1, else 5)")
@@ -862,7 +865,11 @@ def main():
         action="store_true",
         help="only the q race's resolution on the 13,000 returns (arch_residuals.md)",
     )
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help="output directory (default: working directory)"
+    )
     args = parser.parse_args()
+    OUT = args.out
     if args.residuals:
         main_residuals()
         return

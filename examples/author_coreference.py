@@ -24,9 +24,9 @@ Gumbel noise (their time is included, their factors are not). A final annealed
 run (temperature from 1 down to 0.05, Finkel et al. 2005) of each sampler
 gives the MAP clustering.
 
-Run: ``python examples/author_coreference.py [--quick]``; writes
-``docs/examples/coref_*.png``, ``docs/examples/coref_table.md`` and
-``docs/examples/coref_runs.json``.
+Run: ``python examples/author_coreference.py [--quick] [--out DIR]``; writes
+``coref_*.png``, ``coref_table.md`` and ``coref_runs.json`` into ``--out`` (default:
+the working directory; ``--out docs/examples`` regenerates the documentation's).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from pymc_subsample.coreference import (
+from coreference.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
+from coreference.model import (
     b_cubed,
     fit_pair_logistic,
     mention_pair_features,
@@ -48,13 +49,11 @@ from pymc_subsample.coreference import (
     power_law_mentions,
     sample_block_pairs,
 )
-from pymc_subsample.racing.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
 METHODS = ("exact", "racing")
 
 
@@ -287,7 +286,9 @@ def main():
     parser.add_argument("--sweeps", type=int, default=None)
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--audit", type=float, default=0.05)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--out", type=Path, default=Path("."), help="output directory (default: working directory)"
+    )
     parser.add_argument("--skip-febrl", action="store_true")
     parser.add_argument(
         "--split-study",

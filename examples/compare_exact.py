@@ -11,8 +11,9 @@ The script prints the side-by-side summary from
 :func:`pymc_subsample.compare_runs` and saves a forest plot and the
 posterior distributions of both runs.
 
-Run: ``python examples/compare_exact.py [--quick]`` (figures under
-``docs/examples/``).
+Run: ``python examples/compare_exact.py [--quick] [--out DIR]``; writes
+``compare_forest.png``, ``compare_dist.png`` and ``compare_table.md`` into ``--out``
+(default: the working directory; ``--out docs/examples`` regenerates the documentation's).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import pytensor.tensor as pt
 from pymc_subsample import SubsampledCategoricalGibbs, compare_runs
 
 matplotlib.use("Agg")
-OUT = Path(__file__).resolve().parent.parent / "docs" / "examples"
 NU_GRID = np.round(np.linspace(3.55, 4.45, 10), 2)  # a fine grid: the posterior spreads
 
 
@@ -49,7 +49,11 @@ def build_model(n_obs: int, seed: int = 0) -> pm.Model:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller N and fewer draws")
+    parser.add_argument(
+        "--out", type=Path, default=Path("."), help="output directory (default: working directory)"
+    )
     args = parser.parse_args()
+    out = args.out
     n_obs, draws = (20_000, 300) if args.quick else (200_000, 1000)
     model = build_model(n_obs)
     runs = {}
@@ -89,17 +93,17 @@ def main():
     ]
     print(table[cols].to_string())
 
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     pc = az.plot_forest(runs, var_names=["mu", "sigma", "q"], combined=True)
     pc.add_legend("model")
-    pc.savefig(OUT / "compare_forest.png")
+    pc.savefig(out / "compare_forest.png")
     pc = az.plot_dist(runs, var_names=["mu", "sigma", "q"])
     pc.add_legend("model")
-    pc.savefig(OUT / "compare_dist.png")
-    (OUT / "compare_table.md").write_text(table[cols].to_markdown(floatfmt=".4g") + "\n")
+    pc.savefig(out / "compare_dist.png")
+    (out / "compare_table.md").write_text(table[cols].to_markdown(floatfmt=".4g") + "\n")
     print(
-        f"wrote {OUT / 'compare_forest.png'}, {OUT / 'compare_dist.png'}, "
-        f"{OUT / 'compare_table.md'}"
+        f"wrote {out / 'compare_forest.png'}, {out / 'compare_dist.png'}, "
+        f"{out / 'compare_table.md'}"
     )
 
 

@@ -1,7 +1,7 @@
 """RacingMetropolis with control variates on a logistic regression of a million rows.
 
 Model: y ~ Bernoulli(logit^-1(a + X b)), X with 4 standard-normal covariates,
-N = 1,000,000 rows in pm.Data (``benchmarks/support/models.py``, the model of the
+N = 1,000,000 rows in pm.Data (``tests/support/models.py``, the model of the
 benchmarks). The same model is sampled with NUTS and with
 RacingMetropolis with hand settings of an earlier release (a random walk on one
 coordinate at a time from scale 4/sqrt(N), tuned as pm.Metropolis does; the
@@ -9,8 +9,9 @@ defaults are measured in ``benchmarks/racing_metropolis.py``). The script prints
 :func:`pymc_subsample.compare_runs` (posterior summaries, ESS per second, data
 fraction, audit error) and saves the posterior marginals of both runs.
 
-Run: ``python examples/logistic_large_n.py [--quick]`` (``--quick``: N = 100,000);
-writes ``docs/examples/logistic_marginals.png`` and ``docs/examples/logistic_table.md``.
+Run: ``python examples/logistic_large_n.py [--quick] [--out DIR]`` (``--quick``:
+N = 100,000); writes ``logistic_marginals.png`` and ``logistic_table.md`` into ``--out``
+(default: the working directory; ``--out docs/examples`` regenerates the documentation's).
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ import pymc as pm
 from pymc_subsample import RacingMetropolis, compare_runs
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the study support package, not installed
+sys.path.insert(0, str(ROOT / "tests"))  # the study support package (tests/support)
 from support.models import logistic_data, logistic_model  # noqa: E402
 
 matplotlib.use("Agg")
-OUT = ROOT / "docs" / "examples"
 
 
 def build_model(n_obs: int, seed: int = 0) -> pm.Model:
@@ -41,7 +41,11 @@ def build_model(n_obs: int, seed: int = 0) -> pm.Model:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="N = 100,000")
+    parser.add_argument(
+        "--out", type=Path, default=Path("."), help="output directory (default: working directory)"
+    )
     args = parser.parse_args()
+    out = args.out
     n_obs = 100_000 if args.quick else 1_000_000
     model = build_model(n_obs)
     kw = {"chains": 2, "cores": 1, "random_seed": 1, "progressbar": True}
@@ -66,8 +70,8 @@ def main():
     cols = ["mean", "sd", "ess_bulk", "r_hat", "ess_bulk_per_s", "mean_frac_evals"]
     text = table[[c for c in cols if c in table.columns]].round(4).to_markdown()
     print(text)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "logistic_table.md").write_text(text + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "logistic_table.md").write_text(text + "\n")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 5, figsize=(15, 3))
@@ -83,9 +87,9 @@ def main():
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Logistic regression, N = {n_obs:,}: posterior marginals of both runs")
     fig.tight_layout()
-    path = OUT / "logistic_marginals.png"
+    path = out / "logistic_marginals.png"
     fig.savefig(path, dpi=110)
-    print(f"wrote {path} and {OUT / 'logistic_table.md'}")
+    print(f"wrote {path} and {out / 'logistic_table.md'}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pymc_subsample.coreference import (
+from coreference.factor_gibbs import PairwiseFactorGibbs
+from coreference.model import (
     FEATURE_NAMES,
     b_cubed,
     fit_pair_logistic,
@@ -16,7 +17,6 @@ from pymc_subsample.coreference import (
     power_law_mentions,
     sample_block_pairs,
 )
-from pymc_subsample.racing.factor_gibbs import PairwiseFactorGibbs
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "author_coreference.py"
 
@@ -89,7 +89,7 @@ def test_logistic_fit_recovers_theta():
 
 def test_pair_features_need_jellyfish_and_are_sane():
     pytest.importorskip("jellyfish")
-    from pymc_subsample.coreference import mention_pair_features
+    from coreference.model import mention_pair_features
 
     m = power_law_mentions(1, 5, max_size=20, largest=10, rng=3)
     f = mention_pair_features(m, 0, np.arange(len(m)))

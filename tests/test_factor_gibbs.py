@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pymc_subsample.racing.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
+from coreference.factor_gibbs import PairwiseFactorGibbs, geometric_temperatures
 
 
 def matrix_factor(w):

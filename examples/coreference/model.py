@@ -1,6 +1,6 @@
 r"""Author coreference: mentions, pair features, factor weights and the B³ score.
 
-Companion of :class:`~pymc_subsample.racing.factor_gibbs.PairwiseFactorGibbs`
+Companion of :class:`~coreference.factor_gibbs.PairwiseFactorGibbs`
 for the author-coreference experiment of Chen & Ghahramani (2016, Sec. 5.3):
 
 - :func:`power_law_mentions` generates author mentions (names, middle

@@ -2,13 +2,12 @@
 
 Nothing here is part of :mod:`pymc_subsample`: these are the populations,
 targets, baselines and models that the studies of the results pages use.
-The package lives in ``benchmarks/support`` and is imported as ``support``:
+The package lives in ``tests/support`` and is imported as ``support``:
 
-* ``python benchmarks/<script>.py`` finds it next to the script;
-* pytest adds ``benchmarks`` to ``sys.path`` (``pythonpath`` in
-  ``pyproject.toml``);
-* the examples and the documentation build add ``benchmarks`` to
-  ``sys.path`` themselves.
+* pytest adds ``tests`` to ``sys.path`` (``pythonpath`` in ``pyproject.toml``);
+* ``python benchmarks/<script>.py`` adds it through ``benchmarks/_paths.py``;
+* the examples and the documentation build add ``tests`` to ``sys.path``
+  themselves.
 
 Modules: :mod:`support.synthetic` (the reward populations of the bandit study
 of Chen & Ghahramani 2016), :mod:`support.targets` and

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .common import check_probability
-from .independent import INDEPENDENT_BOUNDS, cluster_schedule, race_independent
+from pymc_subsample.racing.common import check_probability
+from pymc_subsample.racing.independent import INDEPENDENT_BOUNDS, cluster_schedule, race_independent
 
 __all__ = ["GibbsCounters", "PairwiseFactorGibbs", "geometric_temperatures"]
 
