@@ -230,9 +230,12 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     _, st_z = mh_chain(in_z, model, 400)
     accepted = np.mean([s["accepted"] for s in st])
     accepted_z = np.mean([s["accepted"] for s in st_z])
-    # measured: 0.94 against 0.37 (the expansion in z misfits the boundary coefficient; 0.08
-    # with backoff=False, whose raced tuning draws estimate the acceptance it tunes to)
-    assert accepted > 0.6 and accepted_z < 0.5, (accepted, accepted_z)
+    # measured: 0.94 against 0.53 (the expansion in z misfits the boundary coefficient, on
+    # few enough rows that the step races on the raw terms: 0.37 when it raced on those
+    # residuals; 0.08 with backoff=False, whose raced tuning draws estimate the acceptance
+    # it tunes to)
+    assert accepted > 0.85 and accepted_z < 0.7, (accepted, accepted_z)
+    assert in_z._raw_races and not in_alpha._raw_races
     wrong = sum(s["n_wrong"] for s in st)
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong
     # the leapfrog's gradient is that of the surrogate it integrates
