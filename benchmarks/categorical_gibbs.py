@@ -37,7 +37,7 @@ import numpy as np
 import pymc as pm
 
 from pymc_subsample import SubsampledCategoricalGibbs
-from pymc_subsample.cost import median_seconds
+from pymc_subsample.mcmc.cost import median_seconds
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 OUT = OUT / "categorical_gibbs.md"

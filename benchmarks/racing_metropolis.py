@@ -46,7 +46,7 @@ import peers
 import pymc as pm
 
 from pymc_subsample import RacingMetropolis
-from pymc_subsample.surrogate import TaylorSurrogate
+from pymc_subsample.mcmc.surrogate import TaylorSurrogate
 from support import models
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -112,7 +112,7 @@ def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
     from categorical_gibbs import make_model
 
     from pymc_subsample import SubsampledCategoricalGibbs
-    from pymc_subsample.cost import median_seconds
+    from pymc_subsample.mcmc.cost import median_seconds
     from pymc_subsample.racing.schedule import position_stream
 
     n_cat = 10

@@ -1,12 +1,16 @@
 """pymc-subsample: PyMC step methods that evaluate only as much likelihood as needed."""
 
-from . import _numba_trigamma, prs, racing  # noqa: F401 (registers a Numba lowering)
-from .compare import compare_runs
-from .gibbs import SubsampledCategoricalGibbs
-from .graph import ModelSplitError, ObservationTerms
-from .metropolis import RacingMetropolis
-from .pliable import PliableRejection
+from . import (
+    _numba_trigamma,  # noqa: F401 (registers a Numba lowering)
+    prs,
+    racing,
+)
+from .diagnostics import compare_runs
+from .model.terms import ModelSplitError, ObservationTerms
 from .racing import RaceResult, race, sample_categorical
+from .steps.gibbs import SubsampledCategoricalGibbs
+from .steps.metropolis import RacingMetropolis
+from .steps.pliable import PliableRejection
 
 __version__ = "0.1.0.dev0"
 

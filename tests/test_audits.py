@@ -18,7 +18,7 @@ from scipy import stats
 from test_gibbs import assert_matches, draw_many, exact_conditional
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
-from pymc_subsample.audit import (
+from pymc_subsample.mcmc.audit import (
     SPARSE_SHARE,
     diagnose,
     error_rate_exceeds,

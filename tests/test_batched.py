@@ -3,7 +3,7 @@
 import numpy as np
 import pymc as pm
 
-from pymc_subsample.graph import ObservationTerms
+from pymc_subsample.model.terms import ObservationTerms
 
 
 def test_an_underflowing_candidate_leaves_the_others_finite():

@@ -4,7 +4,8 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from pymc_subsample import SubsampledCategoricalGibbs, chunked_sum
+from pymc_subsample import SubsampledCategoricalGibbs
+from pymc_subsample.model import chunked_sum
 
 
 @pytest.fixture

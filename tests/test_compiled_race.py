@@ -136,14 +136,14 @@ class _SameDraws(np.random.Generator):
     """A stand-in for ``rng`` that serves the lean path's bulk seeds one at a time.
 
     The compiled step's lean path takes its Gumbel noise and its race seeds
-    from ``rng`` in blocks of :data:`~pymc_subsample.gibbs.LEAN_BUFFER`, each
+    from ``rng`` in blocks of :data:`~pymc_subsample.steps.gibbs.LEAN_BUFFER`, each
     when it runs out; the general path reads the same noise buffer but takes
     one seed per race. Fed this object, the general path sees the same noise
     and seeds as a lean path fed ``np.random.default_rng(seed)``.
     """
 
     def __init__(self, seed, n_cat):
-        from pymc_subsample.gibbs import LEAN_BUFFER
+        from pymc_subsample.steps.gibbs import LEAN_BUFFER
 
         super().__init__(np.random.PCG64(0))
         self._rng, self._n_cat, self._size = np.random.default_rng(seed), n_cat, LEAN_BUFFER
@@ -211,7 +211,7 @@ def test_block_gather_matches_the_expanded_positions(shape):
 
 def test_auto_plan_is_timed_on_compiled_looks(large_selector):
     """At its defaults the step times compiled looks and keeps a plan they can run."""
-    from pymc_subsample.cost import compiled_look_cost
+    from pymc_subsample.mcmc.cost import compiled_look_cost
 
     model, q = large_selector
     with model:

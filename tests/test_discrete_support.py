@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import SubsampledCategoricalGibbs
-from pymc_subsample.support import MAX_CATEGORIES, discrete_support
+from pymc_subsample.model.support import MAX_CATEGORIES, discrete_support
 
 # the paper's race on every draw (these models are small: the default plan would decide
 # most draws exactly)

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import ModelSplitError, SubsampledCategoricalGibbs
-from pymc_subsample.backoff import BACKOFF_MEMORY, BACKOFF_SHARE, MAX_BACKOFF
+from pymc_subsample.mcmc.backoff import BACKOFF_MEMORY, BACKOFF_SHARE, MAX_BACKOFF
 
 # race on the whole doubling schedule: these models are small, so the default
 # exact_fraction=1/64 would decide most draws exactly after a look or two
@@ -172,7 +172,7 @@ def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
 
 
 def test_exact_switch_needs_two_looks_within_budget():
-    from pymc_subsample.cost import choose_exact_after
+    from pymc_subsample.mcmc.cost import choose_exact_after
 
     # looks at 100, 200, 400, ...: each costs 1 + 0.01 m, exact costs 100 (budget 20)
     assert choose_exact_after(10_000, 100, (1.0, 0.01), 100.0) == 800  # 2 + 2 + 3 + 5 <= 20
@@ -257,7 +257,7 @@ def test_audit_warning_test_runs_only_at_disagreements(selector, monkeypatch):
     At fixed k, P(Binomial(n, delta) >= k) grows with n, so an agreement can
     only raise the p-value: checked on a grid, and the skipped calls counted.
     """
-    from pymc_subsample import audit
+    from pymc_subsample.mcmc import audit
 
     n = np.arange(1, 3000)
     for k in (1, 2, 5, 20, 100):

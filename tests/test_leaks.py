@@ -20,7 +20,7 @@ import pytest
 
 import pymc_subsample
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
-from pymc_subsample.gibbs import COMPILED_MIN_OBS
+from pymc_subsample.steps.gibbs import COMPILED_MIN_OBS
 
 PACKAGE = pymc_subsample.__path__[0]
 #: Bytes of traced growth attributed to the package per built-and-dropped step above

@@ -14,7 +14,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from pymc_subsample.graph import ObservationTerms
+from pymc_subsample.model.terms import ObservationTerms
 
 N_OBS = 20_000
 
@@ -133,7 +133,7 @@ def test_windows_and_gathers_read_the_permuted_rows_after_set_data(model):
 @pytest.mark.parametrize("batches", ["blocks", "random"])
 def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
     """The exact Taylor sums, read in chunks of rows, are those of one pass over all rows."""
-    import pymc_subsample.graph as graph
+    import pymc_subsample.model.terms as graph
 
     terms = ObservationTerms(model, [model["beta"]], batches=batches)
     terms.shuffle(np.random.default_rng(0))
@@ -154,7 +154,7 @@ def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
 
 def test_row_locality_check_reads_a_random_subset_of_rows_above_the_cap(monkeypatch):
     """Above LOCALITY_ROWS rows the check runs on that many rows: it still finds a lag."""
-    import pymc_subsample.graph as graph
+    import pymc_subsample.model.terms as graph
     from pymc_subsample import ModelSplitError
 
     monkeypatch.setattr(graph, "LOCALITY_ROWS", 500)

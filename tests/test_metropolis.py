@@ -137,7 +137,7 @@ def test_logistic_regression_matches_nuts(logistic, control_variates):
 
 def test_quadratic_surrogate_is_exact_on_quadratics_and_sums_consistently():
     """h sums exactly to its stencil sums; for quadratic terms the residuals vanish."""
-    from pymc_subsample.surrogate import QuadraticSurrogate, stencil_points
+    from pymc_subsample.mcmc.surrogate import QuadraticSurrogate, stencil_points
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1000, 3))

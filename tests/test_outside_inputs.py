@@ -12,8 +12,8 @@ import pytest
 from scipy import special
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
-from pymc_subsample.expansion_cache import ExpansionCache, inputs_key
-from pymc_subsample.surrogate import QuadraticSurrogate, TaylorSurrogate
+from pymc_subsample.mcmc.surrogate import QuadraticSurrogate, TaylorSurrogate
+from pymc_subsample.model.expansion_cache import ExpansionCache, inputs_key
 
 SAMPLE = {"cores": 1, "progressbar": False, "compute_convergence_checks": False}
 

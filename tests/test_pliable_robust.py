@@ -16,7 +16,7 @@ from pymc.pytensorf import collect_default_updates
 from scipy import stats
 
 from pymc_subsample import PliableRejection
-from pymc_subsample.pliable import FAR_BELOW, STUCK_WINDOW
+from pymc_subsample.steps.pliable import FAR_BELOW, STUCK_WINDOW
 
 SAMPLE = {"chains": 1, "progressbar": False, "compute_convergence_checks": False}
 MU_SD, SIGMA_SD = 10.0, 5.0

@@ -8,7 +8,7 @@ import pytensor.tensor as pt
 import pytest
 
 from pymc_subsample import RacingMetropolis
-from pymc_subsample.surrogate import MISFIT_RARE, misfit_share
+from pymc_subsample.mcmc.surrogate import MISFIT_RARE, misfit_share
 
 
 def test_misfit_share_tells_piecewise_linear_terms_from_smooth_ones():

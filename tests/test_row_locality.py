@@ -8,8 +8,8 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import graph_inputs
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
-from pymc_subsample.graph import _per_observation, prior_points
-from pymc_subsample.row_locality import equivariance_failure, find_row_mixing
+from pymc_subsample.model.row_locality import equivariance_failure, find_row_mixing
+from pymc_subsample.model.terms import _per_observation, prior_points
 
 N = 40
 RNG = np.random.default_rng(0)

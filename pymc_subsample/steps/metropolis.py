@@ -6,9 +6,9 @@ l_n(\theta)) + c`, with :math:`c` the proposal's part of the log ratio. The sum 
 decided by a two-arm race (Chen & Ghahramani 2016, Sec. 4;
 :func:`~pymc_subsample.racing.mh_test`) on the residuals :math:`l_n - h_n` of a
 second-order Taylor control variate :math:`h_n` around a reference point
-(exact derivatives of the graph, :class:`~pymc_subsample.surrogate.TaylorSurrogate`,
+(exact derivatives of the graph, :class:`~pymc_subsample.mcmc.surrogate.TaylorSurrogate`,
 or, for a graph that cannot be differentiated twice, a finite-difference
-stencil, :class:`~pymc_subsample.surrogate.QuadraticSurrogate`; Bardenet,
+stencil, :class:`~pymc_subsample.mcmc.surrogate.QuadraticSurrogate`; Bardenet,
 Doucet & Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
 the offsets. The same surrogate drives the default proposal: a Hamiltonian
 trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
@@ -23,20 +23,9 @@ from dataclasses import replace
 import numpy as np
 from pymc.step_methods.metropolis import tune as pymc_tune
 
-from .audit import scores_differ, zero_difference_share
-from .expansion_cache import ExpansionCache, inputs_key
-from .graph import check_expand_in, continuous_value_vars, model_deterministics
-from .proposals import langevin_proposal, random_walk_proposal
-from .racing import IndexStream, mh_test
-from .step_base import (
-    AUDIT_AGREE,
-    AUDIT_DISAGREE,
-    AUDIT_NOT_RUN,
-    RacingStep,
-    check_exact_fraction,
-    check_step_context,
-)
-from .surrogate import (
+from ..mcmc.audit import scores_differ, zero_difference_share
+from ..mcmc.proposals import langevin_proposal, random_walk_proposal
+from ..mcmc.surrogate import (
     MISFIT_RARE,
     CoordinateSurrogate,
     QuadraticSurrogate,
@@ -44,13 +33,24 @@ from .surrogate import (
     misfit_share,
     stencil_points,
 )
-from .validation import (
+from ..model.expansion_cache import ExpansionCache, inputs_key
+from ..model.terms import check_expand_in, continuous_value_vars, model_deterministics
+from ..racing import IndexStream, mh_test
+from ..validation import (
     ArgumentTypeError,
     check_bool,
     check_choice,
     check_float,
     check_int,
     check_probability,
+)
+from .base import (
+    AUDIT_AGREE,
+    AUDIT_DISAGREE,
+    AUDIT_NOT_RUN,
+    RacingStep,
+    check_exact_fraction,
+    check_step_context,
 )
 
 __all__ = ["PROPOSALS", "RacingMetropolis"]
@@ -145,12 +145,12 @@ class RacingMetropolis(RacingStep):
         Every ``audit_every``-th draw also makes the exact decisions for the same
         proposals and :math:`u` (0: never). ``"auto"`` (default) audits within a
         budget of 5% of the step's own time
-        (:class:`~pymc_subsample.step_base.RacingStep`). The exact decision
+        (:class:`~pymc_subsample.steps.base.RacingStep`). The exact decision
         compares :math:`\log u` with the difference of the model's own joint log
         density (on the original data, independent of the race's terms) at
         the proposal and the current point, plus :math:`c`. When the audited
         error rate is significantly above ``delta`` the step warns, naming the
-        likely cause (:func:`~pymc_subsample.audit.diagnose`), and decides
+        likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and decides
         exactly for the rest of its run, from the joint log density when the
         race's own sums were found not to be the model's.
     reward_range : float, optional
@@ -175,7 +175,7 @@ class RacingMetropolis(RacingStep):
         linear over the posterior, e.g. coefficients
         :math:`\alpha = \mathrm{softplus}(z)` at their boundary. The surrogate
         behind the HMC proposal is then this expansion too, read as a function
-        of :math:`\theta` (:class:`~pymc_subsample.surrogate.CoordinateSurrogate`;
+        of :math:`\theta` (:class:`~pymc_subsample.mcmc.surrogate.CoordinateSurrogate`;
         the mode and the mass matrix stay those of :math:`\theta`). Requires
         ``control_variates``.
     gradient_batch : int, optional
@@ -190,7 +190,7 @@ class RacingMetropolis(RacingStep):
         When most recent races gave up (they evaluated at least half of an
         exact decision's :math:`2N` terms, counted as ``n_evals`` counts
         them), make the next decisions exactly, without a race, in runs that
-        double (:class:`~pymc_subsample.backoff.Backoff`, as the Gibbs step's
+        double (:class:`~pymc_subsample.mcmc.backoff.Backoff`, as the Gibbs step's
         ``backoff``; per dimension with ``elemwise``). An exact decision is
         exact, so this adds no error; where races cannot pay, a decision then
         costs about what plain MH's does. Default True; False races every
@@ -220,7 +220,7 @@ class RacingMetropolis(RacingStep):
     The terms may read other value variables :math:`\psi` that other steps
     move. The exact sums of :math:`h_n` hold for one value of :math:`\psi`,
     and a race reads its residuals at the current one, so the sums are kept
-    per value of :math:`\psi` (:class:`~pymc_subsample.expansion_cache.ExpansionCache`)
+    per value of :math:`\psi` (:class:`~pymc_subsample.model.expansion_cache.ExpansionCache`)
     and recomputed with a full pass at a value not among the last few seen
     (with Newton steps that move the reference where :math:`\psi` moved the
     block's mode away from it); the proposal's surrogate and mass matrix are
@@ -740,7 +740,7 @@ class RacingMetropolis(RacingStep):
 
         On up to ``rows`` rows, for pairs of points at 0.1, 0.3 and 1 proposal
         standard deviations around the reference, compares the residual
-        differences with the terms' own (:func:`~pymc_subsample.surrogate.misfit_share`).
+        differences with the terms' own (:func:`~pymc_subsample.mcmc.surrogate.misfit_share`).
         Terms that are exactly linear or quadratic on most rows and not on a few
         (:math:`|y_n - \mu|`: the rows between the two points) leave residuals
         that are zero on most of a batch and as large as the terms' differences

@@ -59,11 +59,11 @@ from pymc.step_methods.compound import BlockedStep, Competence
 from pymc.util import get_random_generator
 from scipy import optimize, stats
 
-from .conditional import BlockConditional
-from .graph import continuous_value_vars
-from .prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
-from .step_base import check_step_context, step_rng
-from .validation import check_bool, check_choice, check_float, check_int, check_probability
+from ..model.conditional import BlockConditional
+from ..model.terms import continuous_value_vars
+from ..prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
+from ..validation import check_bool, check_choice, check_float, check_int, check_probability
+from .base import check_step_context, step_rng
 
 __all__ = ["PliableRejection"]
 

@@ -11,14 +11,14 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
-from .audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
-from .backoff import Backoff
-from .cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
-from .graph import BATCH_LAYOUTS, ObservationTerms
-from .racing import ExactSwitch, RaceConfig
-from .racing.common import validate_race_args
-from .racing.schedule import position_stream
-from .validation import (
+from ..mcmc.audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
+from ..mcmc.backoff import Backoff
+from ..mcmc.cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
+from ..model.terms import BATCH_LAYOUTS, ObservationTerms
+from ..racing import ExactSwitch, RaceConfig
+from ..racing.common import validate_race_args
+from ..racing.schedule import position_stream
+from ..validation import (
     ArgumentTypeError,
     check_bool,
     check_choice,
@@ -126,16 +126,16 @@ class RacingStep(BlockedStep):
         it. Audits read no random numbers: they change the ``audit_agree``
         stats, never the draws, until they find the races wrong: when the
         audited error rate is significantly above ``delta``
-        (:func:`~pymc_subsample.audit.error_rate_exceeds`), the step warns,
-        naming the likely cause (:func:`~pymc_subsample.audit.diagnose`), and
+        (:func:`~pymc_subsample.mcmc.audit.error_rate_exceeds`), the step warns,
+        naming the likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and
         decides exactly for the rest of its run (:attr:`audit_exact`). The
         exact decision an audit compares with is the model's own joint log
         density on the original data at each candidate, not the race's terms
         (:meth:`_joint_scores`).
     data : list, optional
-        Per-observation data inputs (:class:`~pymc_subsample.graph.ObservationTerms`).
+        Per-observation data inputs (:class:`~pymc_subsample.model.terms.ObservationTerms`).
     batches : {"random", "windows"}
-        Batch layout (:class:`~pymc_subsample.graph.ObservationTerms`).
+        Batch layout (:class:`~pymc_subsample.model.terms.ObservationTerms`).
     shuffle_every : int or "auto"
         Draws between redraws of the row permutation behind ``"blocks"`` and
         ``"windows"``; ``"auto"``: :math:`\max(1, \lfloor N /`
@@ -143,7 +143,7 @@ class RacingStep(BlockedStep):
         that moves every row) costs about a tenth of a row move per draw.
     backoff : bool
         Decide exactly, without a race, while most recent races gave up
-        (:class:`~pymc_subsample.backoff.Backoff`, kept in ``_backoff`` and
+        (:class:`~pymc_subsample.mcmc.backoff.Backoff`, kept in ``_backoff`` and
         reset at the start of every chain).
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
@@ -201,7 +201,8 @@ class RacingStep(BlockedStep):
         #: True when those exact decisions take the joint log density, the race's own terms
         #: having been found not to be the model's (a "structural" cause).
         self._exact_independent = False
-        #: The cause the audits named when they switched (:data:`~pymc_subsample.audit.CAUSES`).
+        #: The cause the audits named when they switched
+        #: (:data:`~pymc_subsample.mcmc.audit.CAUSES`).
         self.audit_cause: str | None = None
         if initial_point is None:
             initial_point = self.model.initial_point()
@@ -244,11 +245,11 @@ class RacingStep(BlockedStep):
 
         Both "auto" settings time a batch and a fused exact evaluation of
         ``n_cands`` candidates at the initial point once
-        (:func:`~pymc_subsample.cost.fit_round_cost`): the first batch then
+        (:func:`~pymc_subsample.mcmc.cost.fit_round_cost`): the first batch then
         balances the look's fixed cost against its terms
-        (:func:`~pymc_subsample.cost.choose_first_batch`), and the exact
+        (:func:`~pymc_subsample.mcmc.cost.choose_first_batch`), and the exact
         switch keeps a race within 20% of an exact decision
-        (:func:`~pymc_subsample.cost.choose_exact_after`); again at new data
+        (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`); again at new data
         (:meth:`_replan_races`).
         """
         exact_fraction = check_exact_fraction(exact_fraction)
@@ -371,7 +372,7 @@ class RacingStep(BlockedStep):
 
         :math:`N`, the row permutation and its copies
         (:meth:`ObservationTerms.take_up_data
-        <pymc_subsample.graph.ObservationTerms.take_up_data>`), ``shuffle_every``
+        <pymc_subsample.model.terms.ObservationTerms.take_up_data>`), ``shuffle_every``
         when "auto", the back-off, the race plan (:meth:`_replan_races`; for a
         new :math:`N` only: the plan depends on :math:`N` and the cost of a
         term, not on the values) and, in :meth:`_data_taken_up`, what the
@@ -511,7 +512,7 @@ class RacingStep(BlockedStep):
     def _audit_batch(self, candidates, point) -> np.ndarray:
         """Raw terms of ``candidates`` on a batch as a race reads it (a private rng, not ``rng``).
 
-        For :func:`~pymc_subsample.audit.zero_difference_share` at a wrong decision.
+        For :func:`~pymc_subsample.mcmc.audit.zero_difference_share` at a wrong decision.
         """
         n_obs = self.terms.n_obs
         size = min(n_obs, max(int(self.batch_size or 50), 50))
@@ -525,12 +526,12 @@ class RacingStep(BlockedStep):
         """Count an audited decision; act when the error rate clearly exceeds delta.
 
         ``structural``: the exact decision from the race's own terms differed
-        from the model's (:func:`~pymc_subsample.audit.scores_differ`);
+        from the model's (:func:`~pymc_subsample.mcmc.audit.scores_differ`);
         ``zero_share``: the share of zero per-row differences on a batch
-        (:func:`~pymc_subsample.audit.zero_difference_share`), measured at
+        (:func:`~pymc_subsample.mcmc.audit.zero_difference_share`), measured at
         wrong decisions. When the error rate is significantly above delta
-        (:func:`~pymc_subsample.audit.error_rate_exceeds`), the step warns,
-        naming the cause (:func:`~pymc_subsample.audit.diagnose`), and decides
+        (:func:`~pymc_subsample.mcmc.audit.error_rate_exceeds`), the step warns,
+        naming the cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and decides
         exactly from then on (:attr:`audit_exact`), from the model's joint log
         density if the cause is structural.
         """

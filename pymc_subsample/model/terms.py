@@ -23,7 +23,7 @@ candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
 * :meth:`~ObservationTerms.loglik_full`: all :math:`N` observations, ``(K, N)``;
 * :meth:`~ObservationTerms.loglik_sum`: :math:`\sum_n \log f_n(\theta_k)`,
   shape ``(K,)``, summed inside the compiled graph (one fused pass, in chunks of
-  rows that stay in cache: :class:`~pymc_subsample.chunked_sum.ChunkedSum`);
+  rows that stay in cache: :class:`~pymc_subsample.model.chunked_sum.ChunkedSum`);
 * :meth:`~ObservationTerms.log_f0`: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
 
 All of them take the other value variables from a point dictionary.
@@ -42,12 +42,12 @@ from pytensor.graph.basic import Constant
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
 
+from ..racing.compiled import CompiledRewards
+from ..validation import ArgumentTypeError, check_choice
 from .batched import vectorize_per_point
 from .chunked_sum import ChunkedSum
-from .racing.compiled import CompiledRewards
 from .row_locality import LAG_FIX, equivariance_failure, find_row_mixing
 from .union import UnionIndex
-from .validation import ArgumentTypeError, check_choice
 
 __all__ = [
     "BATCH_LAYOUTS",
@@ -330,7 +330,7 @@ class ObservationTerms:
     -----
     Observed variables of different lengths :math:`N_1, \dots, N_G` that
     depend on the block are raced over the union of their rows,
-    :math:`N = \sum_g N_g` (:class:`~pymc_subsample.union.UnionIndex`): their
+    :math:`N = \sum_g N_g` (:class:`~pymc_subsample.model.union.UnionIndex`): their
     per-observation inputs are padded to :math:`N` rows and a per-row group
     label chooses each row's term. A union row then costs :math:`G` term
     evaluations, and the padded copies hold :math:`G N` rows. The row rules
@@ -627,7 +627,7 @@ class ObservationTerms:
         prior (a lag coefficient at its initial value 0 hides the lag), the
         terms must be permutation-equivariant in the rows and a subset's
         terms the full terms on those rows
-        (:func:`~pymc_subsample.row_locality.equivariance_failure`). This
+        (:func:`~pymc_subsample.model.row_locality.equivariance_failure`). This
         also catches what the graph rule leaves unverified, and inputs with
         :math:`N` rows that are not indexed. Above :data:`LOCALITY_ROWS` rows
         the "full" data are those rows drawn at random (in their order): terms
@@ -1014,7 +1014,7 @@ class ObservationTerms:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)`, shape ``(K,)``.
 
         A fused pass (terms summed in the compiled graph), over chunks of rows
-        that stay in cache (:class:`~pymc_subsample.chunked_sum.ChunkedSum`).
+        that stay in cache (:class:`~pymc_subsample.model.chunked_sum.ChunkedSum`).
         """
         cands, others = self._exact_arrays(candidates, point)
         rows = self._permuted_values or self._data_rows()  # the same sum in any order

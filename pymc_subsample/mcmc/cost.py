@@ -20,9 +20,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .racing.compiled import CompiledRace, CompiledRewards
-from .racing.race import RaceConfig, race_shared
-from .racing.schedule import doubling_schedule
+from ..racing.compiled import CompiledRace, CompiledRewards
+from ..racing.race import RaceConfig, race_shared
+from ..racing.schedule import doubling_schedule
 
 __all__ = [
     "choose_exact_after",

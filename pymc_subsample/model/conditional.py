@@ -22,7 +22,7 @@ from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.traversal import graph_inputs
 
 from .batched import checks_to_switch
-from .graph import _as_value_vars, block_terms
+from .terms import _as_value_vars, block_terms
 
 __all__ = ["BlockConditional"]
 
@@ -128,7 +128,7 @@ class BlockConditional:
 
         The other variables are read from ``point``. ``nan`` is returned as ``-inf``.
         A parameter check that raises (one inside a ``Scan``, which
-        :func:`~pymc_subsample.batched.checks_to_switch` cannot reach) is
+        :func:`~pymc_subsample.model.batched.checks_to_switch` cannot reach) is
         evaluated row by row: ``-inf`` at the rows that fail it, outside the
         support (construction evaluates the initial point strictly: a check
         that fails there is raised).

@@ -1,6 +1,6 @@
 r"""The enumerated support of a bounded discrete variable, read from its distribution.
 
-:class:`~pymc_subsample.gibbs.SubsampledCategoricalGibbs` draws a discrete
+:class:`~pymc_subsample.steps.gibbs.SubsampledCategoricalGibbs` draws a discrete
 variable from its full conditional over a finite list of candidate values
 :math:`\{l, l+1, \dots, u\}`, fixed when the step is built. That list is
 known for these distributions (PyMC's parametrisations):
@@ -39,13 +39,13 @@ from pytensor.tensor.random.basic import (
     PoissonRV,
 )
 
-from .graph import _depends_on
+from .terms import _depends_on
 
 __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
 #: Most candidate values :math:`D` a variable may have. A draw holds arrays of
 #: :math:`D` entries (per-candidate race state, Gumbel noise for
-#: :data:`~pymc_subsample.gibbs.LEAN_BUFFER` draws at a time), and an exact pass
+#: :data:`~pymc_subsample.steps.gibbs.LEAN_BUFFER` draws at a time), and an exact pass
 #: evaluates every candidate on chunks of at least 1,024 rows, with intermediates of
 #: :math:`D \times 1024` floats (80 MB at this bound); its time grows as :math:`D N`.
 MAX_CATEGORIES = 10_000
@@ -100,7 +100,7 @@ def discrete_support(model, value_var, initial_point: dict) -> np.ndarray:
         raise ValueError(
             f"SubsampledCategoricalGibbs enumerates the support of {rv.name!r}, "
             f"{lower}..{upper}: {size} values, more than MAX_CATEGORIES = {MAX_CATEGORIES} "
-            f"(pymc_subsample.support). Use {_other_step(op)} for it"
+            f"(pymc_subsample.model.support). Use {_other_step(op)} for it"
         )
     if size < 1:
         raise ValueError(f"the support of {rv.name!r}, {lower}..{upper}, is empty")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .validation import check_int
+from ..validation import check_int
 
 __all__ = ["ExpansionCache", "inputs_key"]
 

@@ -1,7 +1,7 @@
 r"""SubsampledCategoricalGibbs: Gibbs updates of discrete variables by racing.
 
 The full conditional of a discrete variable :math:`X` with :math:`D` values
-(:func:`~pymc_subsample.support.discrete_support`), indexed :math:`i = 0..D-1`, is
+(:func:`~pymc_subsample.model.support.discrete_support`), indexed :math:`i = 0..D-1`, is
 :math:`p(X=i \mid \cdot) \propto f_0(i) \prod_{n=1}^N f_n(i)`; each draw is
 :func:`~pymc_subsample.racing.sample_categorical` on it (Chen & Ghahramani
 2016, Sec. 2–3),
@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .audit import scores_differ, zero_difference_share
-from .cost import compiled_look_cost
-from .expansion_cache import ExpansionCache, inputs_key
-from .graph import check_expand_in, prior_points
-from .racing import RaceResult, sample_categorical
-from .racing.common import argmax_or_raise
-from .racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
-from .racing.race import sparse_arms
-from .step_base import (
+from ..mcmc.audit import scores_differ, zero_difference_share
+from ..mcmc.cost import compiled_look_cost
+from ..model.expansion_cache import ExpansionCache, inputs_key
+from ..model.support import discrete_support
+from ..model.terms import check_expand_in, prior_points
+from ..racing import RaceResult, sample_categorical
+from ..racing.common import argmax_or_raise
+from ..racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
+from ..racing.race import sparse_arms
+from ..validation import ArgumentTypeError
+from .base import (
     AUDIT_AGREE,
     AUDIT_DISAGREE,
     AUDIT_NOT_RUN,
     RacingStep,
     check_exact_fraction,
 )
-from .support import discrete_support
-from .validation import ArgumentTypeError
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
@@ -86,7 +86,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     conditional :math:`p(X=i \mid \cdot) \propto f_0(i)\prod_n f_n(i)`, with
     :math:`\log f_n` the per-observation log-likelihood terms and
     :math:`\log f_0` the rest of the Markov blanket
-    (:class:`~pymc_subsample.graph.ObservationTerms`). The draw is Gumbel-max
+    (:class:`~pymc_subsample.model.terms.ObservationTerms`). The draw is Gumbel-max
     with a race on growing shared mini-batches
     (:func:`~pymc_subsample.racing.sample_categorical`): its law is within total
     variation ``delta`` of the exact conditional (Chen & Ghahramani 2016, Prop. 1 and 3, under
@@ -102,8 +102,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         OrderedProbit are Categoricals), DiscreteUniform, Binomial,
         BetaBinomial, HyperGeometric, and Truncated with an upper bound, with
         bounds that do not depend on other free variables and at most
-        :data:`~pymc_subsample.support.MAX_CATEGORIES` values
-        (:func:`~pymc_subsample.support.discrete_support`). Others are
+        :data:`~pymc_subsample.model.support.MAX_CATEGORIES` values
+        (:func:`~pymc_subsample.model.support.discrete_support`). Others are
         refused, naming the variable and the fix.
     delta : float
         Error allowed per draw, in (0, 1).
@@ -121,17 +121,17 @@ class SubsampledCategoricalGibbs(RacingStep):
         Variance estimate of the race.
     data : list of pm.Data, optional
         The per-observation data inputs; guessed when omitted
-        (:class:`~pymc_subsample.graph.ObservationTerms`).
+        (:class:`~pymc_subsample.model.terms.ObservationTerms`).
     audit_every : int or "auto"
         Every ``audit_every``-th draw also computes the exact decision for the
         same Gumbel noise and records ``audit_agree``; 0 turns audits off.
         ``"auto"`` (default) audits within a budget of 5% of the step's own time
-        (:class:`~pymc_subsample.step_base.RacingStep`). The exact decision is
+        (:class:`~pymc_subsample.steps.base.RacingStep`). The exact decision is
         Gumbel-max on the model's own joint log density at each value, on the
         original data (independent of the race's terms). When the audited
         error rate is significantly above ``delta`` the step warns, naming the
         likely cause (structural or stale terms, sparse differences, heavy
-        tails: :func:`~pymc_subsample.audit.diagnose`), and draws exactly for
+        tails: :func:`~pymc_subsample.mcmc.audit.diagnose`), and draws exactly for
         the rest of its run, from the joint log density when the race's own
         sums were found not to be the model's.
     reward_range : float, optional
@@ -145,7 +145,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         ``"auto"`` (default) times the model's batch and fused evaluations
         at construction and picks the largest look whose predicted race cost
         stays within 20% of an exact decision
-        (:func:`~pymc_subsample.cost.choose_exact_after`), or decides every
+        (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`), or decides every
         draw exactly when even a first look would not pay (small :math:`N`).
         Timings vary, so two separately built ``"auto"`` steps may choose
         differently and their draws then differ for the same
@@ -193,7 +193,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         the batch) with :math:`S_i + G_i^\top\Delta + \Delta^\top H_i
         \Delta/2` added to :math:`\log f_0(i)`. First order only when
         :math:`\psi` has more than
-        :data:`~pymc_subsample.graph.MAX_SECOND_ORDER_INPUTS` coordinates.
+        :data:`~pymc_subsample.model.terms.MAX_SECOND_ORDER_INPUTS` coordinates.
         The decision is unchanged; the residuals are third order in
         :math:`\Delta` (second order above that size).
         ``True``: the reference is the current point, renewed whenever the
@@ -206,7 +206,7 @@ class SubsampledCategoricalGibbs(RacingStep):
     expand_in : sequence of str, optional
         Deterministics of the model in which to expand instead of the value
         variables (:meth:`ObservationTerms.expand_in
-        <pymc_subsample.graph.ObservationTerms.expand_in>`): with
+        <pymc_subsample.model.terms.ObservationTerms.expand_in>`): with
         :math:`\phi = \phi(\psi)`, the expansion above is in :math:`\phi` and
         :math:`\Delta = \phi(\psi) - \phi(\hat\psi)`. For parameters whose
         terms are smooth in a transformed value, e.g. ARCH coefficients
@@ -215,12 +215,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         :math:`\alpha`. Requires ``control_variates``.
     backoff : bool
         When most of an element's recent races (a share above
-        :data:`~pymc_subsample.backoff.BACKOFF_SHARE`) gave up, that is
+        :data:`~pymc_subsample.mcmc.backoff.BACKOFF_SHARE`) gave up, that is
         evaluated at least half of an exact draw's terms because most
         candidates reached the exact pass, decide the next draw of that
         element exactly, without a race; after each further such race twice
-        as many (1, 2, 4, ..., :data:`~pymc_subsample.backoff.MAX_BACKOFF`;
-        :class:`~pymc_subsample.backoff.Backoff`); a race that pays ends the
+        as many (1, 2, 4, ..., :data:`~pymc_subsample.mcmc.backoff.MAX_BACKOFF`;
+        :class:`~pymc_subsample.mcmc.backoff.Backoff`); a race that pays ends the
         doubling. An exact draw is exact, so this adds no error, and a
         diffuse conditional, where races cannot win, then costs about what an
         exact draw costs instead of a race plus an exact pass.
@@ -656,7 +656,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         A compiled look costs a few microseconds where a Python one costs tens,
         so the "auto" first batch and exact switch, chosen by timing Python
         looks, are chosen again by timing compiled ones
-        (:func:`~pymc_subsample.cost.compiled_look_cost`), whatever the Python
+        (:func:`~pymc_subsample.mcmc.cost.compiled_look_cost`), whatever the Python
         timing chose (even deciding at once), when the compiled race applies
         with the new plan. Timed and warmed up at ``point`` (default: the
         initial point).

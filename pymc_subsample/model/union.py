@@ -43,7 +43,7 @@ __all__ = ["UnionIndex"]
 
 
 def _split_error(message: str) -> Exception:
-    from .graph import ModelSplitError  # graph imports this module
+    from .terms import ModelSplitError  # terms imports this module
 
     return ModelSplitError(message)
 
@@ -65,7 +65,7 @@ def _pad(value: np.ndarray, n_total: int, start: int) -> np.ndarray:
 class UnionIndex:
     r"""One index over the rows of observed variables of different lengths.
 
-    Built by :class:`~pymc_subsample.graph.ObservationTerms` when the observed
+    Built by :class:`~pymc_subsample.model.terms.ObservationTerms` when the observed
     variables that depend on its block have different numbers of
     observations. Groups are the distinct lengths, in the order the observed
     variables first reach them; the rows of group :math:`g` are union positions

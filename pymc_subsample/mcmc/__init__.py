@@ -1,0 +1,1 @@
+"""Metropolis machinery around the race: surrogate, proposals, back-off, cost model, audits."""
