@@ -18,6 +18,11 @@ with :math:`x + K \ge 10` and the asymptotic series
 (Abramowitz & Stegun 1964, 6.4.12), relative error below :math:`10^{-14}`;
 for :math:`x \le 0` the reflection
 :math:`\psi_1(x) = \pi^2/\sin^2(\pi x) - \psi_1(1 - x)` (infinite at the poles).
+
+This module must keep its import path (``pymc_subsample._numba_trigamma``):
+PyTensor's on-disk cache of compiled graphs pickles the path of the module
+whose functions a graph calls, and a cached graph whose module moved fails to
+load (``ModuleNotFoundError``) in every later process on that machine.
 """
 
 from __future__ import annotations
