@@ -84,6 +84,7 @@ import xarray as xr
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, ProposalOptions
 
 matplotlib.use("Agg")
 #: Output directory: the working directory unless ``--out`` says otherwise.
@@ -550,7 +551,7 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         [model["q"]],
         control_variates=reference_point(pseudo) if control_variates else False,
         expand_in=[f"alpha_{p['order']}" for p in pseudo] if control_variates else None,
-        audit_every=audit_every,
+        audit=AuditOptions(every=audit_every),
     )
 
     def make(vars, point):
@@ -558,10 +559,10 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         cov = pseudo[j]["cov"]
         return RacingMetropolis(
             vars,
-            covariance=cov,
+            audit=AuditOptions(every=audit_every),
+            proposal_options=ProposalOptions(covariance=cov),
             expand_in=[f"alpha_{pseudo[j]['order']}"],
             initial_point=point,
-            audit_every=audit_every,
         )
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]
