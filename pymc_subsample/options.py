@@ -216,7 +216,7 @@ class ProposalOptions:
         ``"hmc"``: initial integration time, in units of the posterior scale
         (adapted during tuning, at most this value).
     tune_interval : int
-        Decisions between adaptations of the scale during tuning
+        Draws between adaptations of the scale during tuning
         (``"normal"``, ``"langevin"``).
     gradient_batch : int or None
         ``"langevin"``: rows per mini-batch gradient; None uses the larger of

@@ -153,6 +153,27 @@ def test_audits_off_never_switch():
     assert not any(s["audit_exact"] for s in st) and all(s["n_raced"] == 1 for s in st)
 
 
+def test_audits_that_do_not_act_warn_once_and_keep_racing():
+    """``AuditOptions(act=False)``: the fault is found and named, the races go on."""
+    model, q = selector_model(2000)
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q],
+            rng=1,
+            race=replace(RACE, shuffle_every=10**9),
+            audit=AuditOptions(every=1, act=False),
+        )
+    corrupt(step)
+    with pytest.warns(UserWarning, match="audited decisions differed") as record:
+        _, st = draw_many(step, model.initial_point(), 300, "q")
+    warned = [str(w.message) for w in record if "audited" in str(w.message)]
+    assert len(warned) == 1 and "keeps racing" in warned[0] and "structural" in warned[0]
+    assert step.audit_cause == "structural"
+    assert not step.audit_exact and not step._exact_independent
+    assert not any(s["audit_exact"] for s in st) and all(s["n_raced"] == 1 for s in st)
+    assert sum(s["audit_agree"] == 0 for s in st) > 3  # still audited, still wrong
+
+
 def test_exact_mode_is_kept_across_chains():
     """A fault found in one chain holds in the next: ``setup_chain`` keeps the exact mode."""
     model, q = selector_model(2000)

@@ -283,7 +283,7 @@ STEP_OPTIONS = [  # options that are valid alone and refused by the step they ar
         "metropolis",
         {"proposal": "langevin", "proposal_options": ProposalOptions(elemwise=True)},
         V,
-        "elemwise=True needs proposal='normal'",
+        r"elemwise=True\) needs proposal='normal'",
     ),
 ]
 
