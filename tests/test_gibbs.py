@@ -103,7 +103,9 @@ def test_concentrated_conditional_uses_few_terms():
         step = SubsampledCategoricalGibbs([q], rng=2, race=RACE, audit=AuditOptions(every=1))
     draws, st = draw_many(step, model.initial_point(), 30, "q")
     assert (draws == 4).all()
-    assert np.mean([s["frac_evals"] for s in st]) < 0.05
+    assert np.mean([s["n_evals"] for s in st]) < 0.05 * n_obs * 10  # of an exact draw's terms
+    # the rows the longest-raced candidates read (the far ones dropped early)
+    assert np.mean([s["frac_evals"] for s in st]) < 0.1
     assert all(s["audit_agree"] == 1 for s in st)
 
 
