@@ -38,6 +38,7 @@ import pymc as pm
 
 from pymc_subsample import SubsampledCategoricalGibbs
 from pymc_subsample.mcmc.cost import median_seconds
+from pymc_subsample.options import RaceOptions
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 OUT = OUT / "categorical_gibbs.md"
@@ -169,7 +170,7 @@ def main():
         with model:
             steps = {
                 "pymc": pm.CategoricalGibbsMetropolis([q], proposal="proportional"),
-                "exact": SubsampledCategoricalGibbs([q], bound="exact"),
+                "exact": SubsampledCategoricalGibbs([q], race=RaceOptions(bound="exact")),
                 "racing": SubsampledCategoricalGibbs([q]),
             }
         baseline = "pymc"

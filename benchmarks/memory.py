@@ -42,6 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pymc_subsample.options import RaceOptions
+
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 DRAWS = 200
 LAYOUTS = ("blocks", "windows", "random")
@@ -109,8 +111,8 @@ def _step(kind: str, layout: str, model, block):
                 return pm.CategoricalGibbsMetropolis([block])
             return pm.Metropolis([block])
         if kind == "categorical":
-            return SubsampledCategoricalGibbs([block], batches=layout, rng=0)
-        return RacingMetropolis([block], batches=layout, rng=0)
+            return SubsampledCategoricalGibbs([block], race=RaceOptions(batches=layout), rng=0)
+        return RacingMetropolis([block], race=RaceOptions(batches=layout), rng=0)
 
 
 def child(kind: str, layout: str, n_obs: int) -> dict:

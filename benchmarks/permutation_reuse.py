@@ -33,6 +33,7 @@ import pytensor.tensor as pt
 from scipy import stats
 
 from pymc_subsample import SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, RaceOptions
 from support.synthetic import bandit_population, gumbel_race_errors
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
@@ -91,11 +92,17 @@ def bandit_rows(reps, delta=0.05):
     return rows
 
 
-def audited_rate(model, var, draws, **settings):
-    """Audited disagreement count and number of audits of one chain of the Gibbs step."""
+def audited_rate(model, var, draws, rng, **race):
+    """Audited disagreement count and number of audits of one chain of the Gibbs step.
+
+    ``race``: fields of its :class:`~pymc_subsample.options.RaceOptions`.
+    """
     with model:
         step = SubsampledCategoricalGibbs(
-            [var], audit_every=1, exact_fraction=1.0, backoff=False, **settings
+            [var],
+            rng=rng,
+            race=RaceOptions(exact_fraction=1.0, backoff=False, **race),
+            audit=AuditOptions(every=1),
         )  # every draw races (no back-off to exact draws) and is audited
     point = model.initial_point()
     for _ in range(draws):

@@ -47,6 +47,7 @@ import pymc as pm
 
 from pymc_subsample import RacingMetropolis
 from pymc_subsample.mcmc.surrogate import TaylorSurrogate
+from pymc_subsample.options import AuditOptions
 from support import models
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def ours(model, names, draws=500, tune=500, chains=2, seed=1):
 
 def audited(model, names, draws, seed=3):
     with model:
-        step = RacingMetropolis([model[v] for v in names], audit_every=1)
+        step = RacingMetropolis([model[v] for v in names], audit=AuditOptions(every=1))
         idata = pm.sample(
             draws=draws, tune=200, chains=1, cores=1, step=[step], random_seed=seed,
             progressbar=False, compute_convergence_checks=False,

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from pymc_subsample.options import RaceOptions
 from pymc_subsample.racing import RaceConfig, race_shared
 from pymc_subsample.racing.compiled import CompiledRewards, race_compiled
 from pymc_subsample.racing.schedule import ExactSwitch
@@ -128,7 +129,7 @@ def per_term_costs(n_obs, batch_sizes=(1_000, 10_000, 100_000)):
     for layout, stream in streams.items():
         with model:
             step = SubsampledCategoricalGibbs(
-                [q], exact_fraction=1.0, batch_size=50, batches=layout
+                [q], race=RaceOptions(exact_fraction=1.0, batch_size=50, batches=layout)
             )
         terms = step.terms
         for m in batch_sizes:

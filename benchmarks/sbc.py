@@ -11,8 +11,8 @@ Each problem also runs a deliberately wrong step (``broken``), which the test
 should reject.
 
 The δ study reruns the selector's race on its whole doubling schedule
-(``exact_fraction=1``, ``batch_size=50``) at growing δ with every decision
-audited (``audit_every=1``: the exact decision for the same Gumbel noise,
+(``RaceOptions(exact_fraction=1, batch_size=50)``) at growing δ with every decision
+audited (``AuditOptions(every=1)``: the exact decision for the same Gumbel noise,
 which reads no random numbers), giving the per-decision error rate next to the
 SBC test of 1,000 replications and the test's estimated power at 1,000
 replications (:func:`support.sbc.detection_power`).
@@ -36,6 +36,7 @@ import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.pa
 import numpy as np
 from scipy import stats
 
+from pymc_subsample.options import AuditOptions, RaceOptions
 from support.sbc import (
     PROBLEMS,
     SBCResult,
@@ -198,7 +199,10 @@ def delta_study(deltas, reps: int, seed: int) -> list[SBCResult]:
     out = []
     for delta in deltas:
         step = problem.make_step(
-            problem.model, delta=delta, exact_fraction=1.0, batch_size=50, audit_every=1
+            problem.model,
+            delta=delta,
+            race=RaceOptions(exact_fraction=1.0, batch_size=50),
+            audit=AuditOptions(every=1),
         )
         res = run_sbc(
             problem,

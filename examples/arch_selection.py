@@ -73,6 +73,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import arviz as az
@@ -84,6 +85,7 @@ import xarray as xr
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, ProposalOptions
 
 matplotlib.use("Agg")
 #: Output directory: the working directory unless ``--out`` says otherwise.
@@ -550,7 +552,7 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         [model["q"]],
         control_variates=reference_point(pseudo) if control_variates else False,
         expand_in=[f"alpha_{p['order']}" for p in pseudo] if control_variates else None,
-        audit_every=audit_every,
+        audit=AuditOptions(every=audit_every),
     )
 
     def make(vars, point):
@@ -558,10 +560,10 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         cov = pseudo[j]["cov"]
         return RacingMetropolis(
             vars,
-            covariance=cov,
+            audit=AuditOptions(every=audit_every),
+            proposal_options=ProposalOptions(covariance=cov),
             expand_in=[f"alpha_{pseudo[j]['order']}"],
             initial_point=point,
-            audit_every=audit_every,
         )
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]
@@ -570,14 +572,14 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
 def set_bound(steps, bound: str) -> None:
     """Switch our steps between racing (``"normal"``) and exact decisions (``"exact"``).
 
-    A step built with ``bound="exact"`` differs from its racing twin only in
-    this attribute (it decides every draw on all the data and never reads its
-    race settings), so the exact run reuses the racing steps' compiled
-    functions and fitted surrogates instead of compiling its own.
+    A step built with ``race=RaceOptions(bound="exact")`` differs from its racing
+    twin only in its race options' bound (it decides every draw on all the data
+    and never reads its other race settings), so the exact run reuses the racing
+    steps' compiled functions and fitted surrogates instead of compiling its own.
     """
     for s in steps:
         for sub in getattr(s, "steps", [s]):
-            sub.bound = bound
+            sub.race = replace(sub.race, bound=bound)
 
 
 def q_posterior(q_draws: np.ndarray, log_prior_q: np.ndarray) -> np.ndarray:

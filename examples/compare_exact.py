@@ -29,6 +29,7 @@ import pymc as pm
 import pytensor.tensor as pt
 
 from pymc_subsample import SubsampledCategoricalGibbs, compare_runs
+from pymc_subsample.options import AuditOptions, RaceOptions
 
 matplotlib.use("Agg")
 NU_GRID = np.round(np.linspace(3.55, 4.45, 10), 2)  # a fine grid: the posterior spreads
@@ -73,7 +74,9 @@ def main():
         print("sampling with SubsampledCategoricalGibbs ...")
         t0 = time.perf_counter()
         # heavy-tailed likelihoods: a larger first batch keeps the normal approximation honest
-        step = SubsampledCategoricalGibbs([q], delta=0.05, batch_size=200, audit_every=10)
+        step = SubsampledCategoricalGibbs(
+            [q], delta=0.05, race=RaceOptions(batch_size=200), audit=AuditOptions(every=10)
+        )
         runs["subsampled"] = pm.sample(
             draws=draws, tune=500, chains=2, random_seed=1, step=[step], progressbar=True
         )

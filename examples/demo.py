@@ -243,8 +243,8 @@ def main() -> None:
         f"draws per second after the first draw (min ESS_bulk of a, b a second: "
         f"{ess_per_s['ours']:.3g} against {ess_per_s['PyMC exact']:.3g}; "
         f"{ess_per_s_all['ours'] / ess_per_s_all['PyMC exact']:.1f}x counting the time to "
-        f"first draw), reading {100 * frac:.2g}% of the likelihood terms a "
-        f"draw; posteriors {'agree' if agree and q_same else 'DIFFER'} (largest mean difference "
+        f"first draw), reading {100 * frac:.2g}% of the observations a decision; "
+        f"posteriors {'agree' if agree and q_same else 'DIFFER'} (largest mean difference "
         f"{z:.1f} combined MCSE; q {'same' if q_same else 'different'} support)"
     )
     print(

@@ -26,6 +26,7 @@ import numpy as np
 import pymc as pm
 
 from pymc_subsample import RacingMetropolis, compare_runs
+from pymc_subsample.options import AuditOptions, ProposalOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the study support package (tests/support)
@@ -58,10 +59,9 @@ def main():
         print(f"N = {n_obs:,}: RacingMetropolis, 2 chains of 1000 draws ...", flush=True)
         step = RacingMetropolis(
             [model["a"], model["b"]],
-            elemwise=True,
+            audit=AuditOptions(every=20),
+            proposal_options=ProposalOptions(elemwise=True, tune_interval=50),
             scaling=4 / np.sqrt(n_obs),
-            tune_interval=50,
-            audit_every=20,
         )
         t0 = time.perf_counter()
         runs["RacingMetropolis"] = pm.sample(draws=1000, tune=500, step=[step], **kw)

@@ -10,8 +10,6 @@ from .validation import ArgumentTypeError
 
 __all__ = ["compare_runs"]
 
-_RACE_STATS = ("n_evals", "frac_evals", "audit_agree")
-
 
 def _stat(sample_stats, name):
     if sample_stats is None or name not in sample_stats:
@@ -36,11 +34,14 @@ def compare_runs(runs: Mapping[str, object], var_names: Sequence[str] | None = N
         One row per (run, variable element) with the ArviZ summary columns
         (``mean``, ``sd``, ``ess_bulk``, ``ess_tail``, ``r_hat``, ...), plus
         ``sampling_time`` (seconds, from ``pm.sample``), ``ess_bulk_per_s``,
-        and, for runs with racing steps, ``mean_frac_evals`` (mean fraction of
-        per-observation terms evaluated per draw), ``audited`` (number of
-        audited draws) and ``audit_error_rate`` (fraction of audited draws
-        whose decision differed from the exact one). Columns that do not apply
-        to a run are NaN.
+        and, for runs with racing steps, ``mean_frac_evals`` (the mean of
+        their ``frac_evals`` stat: the share of the :math:`N` observations a
+        decision read, 1 for an exact one; one meaning in every racing step,
+        so the mean is over draws and over the racing steps of the run, each
+        step's draws weighted alike), ``audited`` (number of audited draws,
+        summed over the steps) and ``audit_error_rate`` (fraction of audited
+        draws whose decision differed from the exact one). Columns that do
+        not apply to a run are NaN.
     """
     import arviz as az
     import pandas as pd

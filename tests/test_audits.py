@@ -9,6 +9,7 @@ joint density from then on.
 """
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pymc as pm
@@ -26,8 +27,9 @@ from pymc_subsample.mcmc.audit import (
     scores_differ,
     zero_difference_share,
 )
+from pymc_subsample.options import AuditOptions, RaceOptions
 
-RACE = {"exact_fraction": 1.0, "batch_size": 50, "backoff": False}
+RACE = RaceOptions(exact_fraction=1.0, batch_size=50, backoff=False)
 MEANS = np.linspace(0.0, 0.2, 5)
 
 
@@ -67,7 +69,9 @@ def test_gibbs_audits_find_wrong_terms_and_switch_to_the_joint_density():
     probs = exact_conditional(model, "q", len(MEANS), point)
     assert probs.max() < 0.9
     with model:
-        step = SubsampledCategoricalGibbs([q], rng=1, audit_every=1, shuffle_every=10**9, **RACE)
+        step = SubsampledCategoricalGibbs(
+            [q], rng=1, race=replace(RACE, shuffle_every=10**9), audit=AuditOptions(every=1)
+        )
     corrupt(step)
     with pytest.warns(UserWarning, match="audited decisions differed") as record:
         draws, st = draw_many(step, point, 600, "q")
@@ -89,9 +93,13 @@ def test_compiled_lean_path_audits_against_the_joint_density():
     probs = exact_conditional(model, "q", len(MEANS), point)
     with model:
         step = SubsampledCategoricalGibbs(
-            [q], rng=3, audit_every=1, backoff=False, batch_size=400, exact_fraction=0.1,
-            shuffle_every=10**9,
-        )  # fmt: skip
+            [q],
+            rng=3,
+            race=RaceOptions(
+                backoff=False, batch_size=400, exact_fraction=0.1, shuffle_every=10**9
+            ),
+            audit=AuditOptions(every=1),
+        )
     assert step._compiled
     corrupt(step, 0.02)  # about 4.5 sd of the data's mean
     with pytest.warns(UserWarning, match="structural or stale"):
@@ -120,7 +128,7 @@ def test_change_point_races_keep_sparse_values_to_the_exact_pass_and_audits_agre
         k = pm.Categorical("k", p=np.full(len(grid), 1 / len(grid)))
         tau = pt.as_tensor(grid)[k]
         pm.Normal("y", pt.switch(index < tau, 0.0, 1.0), 1.0, observed=y_data)
-        step = SubsampledCategoricalGibbs([k], rng=1, audit_every=1, **RACE)
+        step = SubsampledCategoricalGibbs([k], rng=1, race=RACE, audit=AuditOptions(every=1))
     point = model.initial_point()
     probs = exact_conditional(model, "k", len(grid), point)
     with warnings.catch_warnings():
@@ -134,7 +142,9 @@ def test_audits_off_never_switch():
     """``audit_every=0``: the same fault goes unseen (no warning, no switch, no stat)."""
     model, q = selector_model(2000)
     with model:
-        step = SubsampledCategoricalGibbs([q], rng=1, audit_every=0, shuffle_every=10**9, **RACE)
+        step = SubsampledCategoricalGibbs(
+            [q], rng=1, race=replace(RACE, shuffle_every=10**9), audit=AuditOptions(every=0)
+        )
     corrupt(step)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -143,11 +153,34 @@ def test_audits_off_never_switch():
     assert not any(s["audit_exact"] for s in st) and all(s["n_raced"] == 1 for s in st)
 
 
+def test_audits_that_do_not_act_warn_once_and_keep_racing():
+    """``AuditOptions(act=False)``: the fault is found and named, the races go on."""
+    model, q = selector_model(2000)
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q],
+            rng=1,
+            race=replace(RACE, shuffle_every=10**9),
+            audit=AuditOptions(every=1, act=False),
+        )
+    corrupt(step)
+    with pytest.warns(UserWarning, match="audited decisions differed") as record:
+        _, st = draw_many(step, model.initial_point(), 300, "q")
+    warned = [str(w.message) for w in record if "audited" in str(w.message)]
+    assert len(warned) == 1 and "keeps racing" in warned[0] and "structural" in warned[0]
+    assert step.audit_cause == "structural"
+    assert not step.audit_exact and not step._exact_independent
+    assert not any(s["audit_exact"] for s in st) and all(s["n_raced"] == 1 for s in st)
+    assert sum(s["audit_agree"] == 0 for s in st) > 3  # still audited, still wrong
+
+
 def test_exact_mode_is_kept_across_chains():
     """A fault found in one chain holds in the next: ``setup_chain`` keeps the exact mode."""
     model, q = selector_model(2000)
     with model:
-        step = SubsampledCategoricalGibbs([q], rng=1, audit_every=1, shuffle_every=10**9, **RACE)
+        step = SubsampledCategoricalGibbs(
+            [q], rng=1, race=replace(RACE, shuffle_every=10**9), audit=AuditOptions(every=1)
+        )
     corrupt(step)
     with pytest.warns(UserWarning, match="structural"):
         draw_many(step, model.initial_point(), 60, "q")
@@ -174,9 +207,13 @@ def test_metropolis_audits_find_wrong_terms_and_switch_to_the_joint_density():
         mu = pm.Normal("mu", 0.0, prior_sd)
         pm.Normal("y", mu, 1.0, observed=y_data)
         step = RacingMetropolis(
-            [mu], rng=5, audit_every=1, proposal="normal", shuffle_every=10**9, backoff=False,
+            [mu],
+            rng=5,
+            race=RaceOptions(shuffle_every=10**9, backoff=False),
+            audit=AuditOptions(every=1),
+            proposal="normal",
             control_variates=False,
-        )  # fmt: skip
+        )
     corrupt(step)
     post_prec = n_obs + prior_sd**-2
     post_mean, post_sd = y.sum() / post_prec, post_prec**-0.5

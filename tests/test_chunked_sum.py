@@ -6,6 +6,7 @@ import pytest
 
 from pymc_subsample import SubsampledCategoricalGibbs
 from pymc_subsample.model import chunked_sum
+from pymc_subsample.options import RaceOptions
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def test_chunked_sums_equal_the_sums_of_all_terms(regression, batches, monkeypat
     monkeypatch.setattr(chunked_sum, "CHUNK_BYTES", 2048)  # chunks of 1,024 rows
     model, q = regression
     with model:
-        step = SubsampledCategoricalGibbs([q], batches=batches)
+        step = SubsampledCategoricalGibbs([q], race=RaceOptions(batches=batches))
     terms = step.terms
     point = model.initial_point() | {"beta": np.array([0.3, -0.2, 1.0])}
     cands = [np.arange(4)]

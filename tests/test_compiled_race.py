@@ -7,6 +7,7 @@ import pytest
 from numba import njit
 
 from pymc_subsample import SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, RaceOptions
 from pymc_subsample.racing import RaceConfig, race_shared
 from pymc_subsample.racing.compiled import CompiledRewards, race_compiled, supports
 from pymc_subsample.racing.schedule import ExactSwitch
@@ -172,7 +173,10 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
     and looks at each of 150 draws that drop, give up and decide.
     """
     model, q = large_selector
-    settings = {"batch_size": 400, "exact_fraction": 0.1, "audit_every": 0}
+    settings = {
+        "race": RaceOptions(batch_size=400, exact_fraction=0.1),
+        "audit": AuditOptions(every=0),
+    }
     with model:
         compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)  # the same row permutation
         python = SubsampledCategoricalGibbs([q], rng=5, **settings)
@@ -276,10 +280,8 @@ def test_lean_compiled_step_draws_the_exact_conditional(
             [q],
             rng=11,
             delta=0.01,
-            audit_every=0,
-            backoff=False,
-            batch_size=400,
-            exact_fraction=0.4,
+            race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.4),
+            audit=AuditOptions(every=0),
         )
     assert step._compiled
     assert step._compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
@@ -357,7 +359,10 @@ def test_lean_compiled_step_audits_its_races(large_selector):
     point = dict(model.initial_point(), slope=np.asarray(0.5))
     with model:
         step = SubsampledCategoricalGibbs(
-            [q], rng=3, audit_every=1, backoff=False, batch_size=400, exact_fraction=0.1
+            [q],
+            rng=3,
+            race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
+            audit=AuditOptions(every=1),
         )
     assert step._compiled
     step._step = lambda p, audit: pytest.fail("the general path")
@@ -400,7 +405,10 @@ def test_every_audit_is_timed():
         pm.Normal("y", pt.as_tensor(np.array([0.0, 0.002]))[q], 1.0, observed=y_data)
     with model:
         step = SubsampledCategoricalGibbs(
-            [q], rng=2, audit_every=1, backoff=False, batch_size=400, exact_fraction=0.1
+            [q],
+            rng=2,
+            race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
+            audit=AuditOptions(every=1),
         )
     assert step._compiled
     race, clock, clocked, free = step._lean_race, step._audit_clock, [], []

@@ -8,10 +8,11 @@ from scipy import stats
 
 from pymc_subsample import SubsampledCategoricalGibbs
 from pymc_subsample.model.support import MAX_CATEGORIES, discrete_support
+from pymc_subsample.options import RaceOptions
 
 # the paper's race on every draw (these models are small: the default plan would decide
 # most draws exactly)
-RACE = {"exact_fraction": 1.0, "batch_size": 50, "backoff": False}
+RACE = RaceOptions(exact_fraction=1.0, batch_size=50, backoff=False)
 N_OBS = 2000
 
 
@@ -92,7 +93,7 @@ def test_discrete_uniform_offset_matches_enumeration():
         pm.Normal("y", 0.01 * s, 1.0, observed=y_data)
         values = np.arange(3, 10)
         probs = enumerate_posterior(model, "s", values)
-        draws = sample(SubsampledCategoricalGibbs([s], **RACE))["s"].values.ravel()
+        draws = sample(SubsampledCategoricalGibbs([s], race=RACE))["s"].values.ravel()
     assert_frequencies(draws, values, probs)
 
 
@@ -105,7 +106,7 @@ def test_binomial_scale_matches_enumeration():
         pm.Normal("y", 0.0, 1.0 + 0.01 * b, observed=y_data)
         values = np.arange(6)
         probs = enumerate_posterior(model, "b", values)
-        draws = sample(SubsampledCategoricalGibbs([b], **RACE))["b"].values.ravel()
+        draws = sample(SubsampledCategoricalGibbs([b], race=RACE))["b"].values.ravel()
     assert_frequencies(draws, values, probs)
 
 
@@ -133,7 +134,7 @@ def test_other_supports_match_enumeration(kind):
             q, values = pm.Truncated("q", pm.Poisson.dist(3.0), upper=8), np.arange(9)
         pm.Normal("y", 0.02 * q, 1.0, observed=y_data)
         probs = enumerate_posterior(model, "q", values)
-        draws = sample(SubsampledCategoricalGibbs([q], bound="exact"), draws=1000)
+        draws = sample(SubsampledCategoricalGibbs([q], race=RaceOptions(bound="exact")), draws=1000)
     assert_frequencies(draws["q"].values.ravel(), values, probs)
 
 
@@ -149,7 +150,7 @@ def test_change_point_matches_enumeration():
         pm.Normal("y", pm.math.where(t < s, 0.0, 0.4), 1.0, observed=y_data)
         values = np.arange(n_obs + 1)
         probs = enumerate_posterior(model, "s", values)
-        draws = sample(SubsampledCategoricalGibbs([s], **RACE), draws=1000)["s"].values.ravel()
+        draws = sample(SubsampledCategoricalGibbs([s], race=RACE), draws=1000)["s"].values.ravel()
     assert_frequencies(draws, values, probs)
 
 
@@ -164,7 +165,7 @@ def test_vector_with_different_bounds_draws_each_element_in_its_support():
         s = pm.DiscreteUniform("s", [2, 4], [6, 9], shape=2)
         pm.Normal("obs0", 0.01 * s[0], 1.0, observed=y0)
         pm.Normal("obs1", 0.01 * s[1], 1.0, observed=y1)
-        step = SubsampledCategoricalGibbs([s], data=[y0, y1], **RACE)
+        step = SubsampledCategoricalGibbs([s], data=[y0, y1], race=RACE)
         draws = sample(step, draws=1000)["s"].values.reshape(-1, 2)
         logp = model.compile_logp()
         values = np.arange(2, 10)
@@ -187,7 +188,7 @@ def test_compiled_race_draws_values_not_indices():
         pm.Normal("y", 0.005 * (s - 5), 1.0, observed=y_data)
         values = np.arange(5, 13)
         probs = enumerate_posterior(model, "s", values)
-        step = SubsampledCategoricalGibbs([s], exact_fraction=0.25, batch_size=50)
+        step = SubsampledCategoricalGibbs([s], race=RaceOptions(exact_fraction=0.25, batch_size=50))
         assert step._compiled
         draws = sample(step, draws=1000)["s"].values.ravel()
     assert_frequencies(draws, values, probs)

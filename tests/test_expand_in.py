@@ -8,6 +8,7 @@ from scipy import stats
 from test_gibbs import RACE, assert_matches, draw_many, exact_conditional
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, RaceOptions
 
 C = 0.01  # the scaled softplus of the ARCH example: alpha = C softplus(z / C)
 
@@ -63,7 +64,7 @@ def arch_like():
 def steps(arch_like):
     """Steps built once: expanded in z (the default), in the coefficients, and raw."""
     model, q, reference, _ = arch_like
-    settings = {"delta": 0.01, "rng": 3, **RACE}
+    settings = {"delta": 0.01, "rng": 3, "race": RACE}
     with model:
         return {
             "z": SubsampledCategoricalGibbs([q], control_variates=reference, **settings),
@@ -169,7 +170,7 @@ def mh_chain(step, model, n_draws):
 @pytest.fixture(scope="module")
 def mh_steps(arch_block):
     model, z = arch_block
-    settings = {"proposal": "normal", "audit_every": 1, "rng": 4}
+    settings = {"proposal": "normal", "audit": AuditOptions(every=1), "rng": 4}
     with model:
         return {
             "alpha": RacingMetropolis([z], expand_in=["alpha"], **settings),
@@ -222,8 +223,8 @@ def test_mh_expand_in_needs_control_variates(arch_block):
 def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_block):
     model, z = arch_block
     with model:
-        in_alpha = RacingMetropolis([z], expand_in=["alpha"], audit_every=1, rng=4)
-        in_z = RacingMetropolis([z], audit_every=1, rng=4)
+        in_alpha = RacingMetropolis([z], expand_in=["alpha"], audit=AuditOptions(every=1), rng=4)
+        in_z = RacingMetropolis([z], audit=AuditOptions(every=1), rng=4)
     gather, _, _ = in_alpha.terms._taylor_fns[True]
     assert gather is not None  # the races' residuals compiled with the step, not in a race
     _, st = mh_chain(in_alpha, model, 400)
@@ -254,7 +255,12 @@ def test_mh_expansion_not_finite_at_the_reference_falls_back_to_the_value_variab
     model, z = arch_block
     with model:
         step = RacingMetropolis(  # every decision raced (and audited): no back-off
-            [z], expand_in=["alpha"], proposal="normal", audit_every=1, rng=4, backoff=False
+            [z],
+            expand_in=["alpha"],
+            proposal="normal",
+            race=RaceOptions(backoff=False),
+            audit=AuditOptions(every=1),
+            rng=4,
         )
 
     def not_finite(mode, point):  # as a Deterministic's expansion with a NaN Hessian would

@@ -20,6 +20,7 @@ import pytest
 
 import pymc_subsample
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, RaceOptions
 from pymc_subsample.steps.gibbs import COMPILED_MIN_OBS
 
 PACKAGE = pymc_subsample.__path__[0]
@@ -55,7 +56,10 @@ def _build(model, kind: str, draws: int = 2):
             step = RacingMetropolis([model["mu"]], rng=0)
         else:
             step = SubsampledCategoricalGibbs(
-                [model["q"]], rng=0, batch_size=400, exact_fraction=0.1, audit_every=0
+                [model["q"]],
+                rng=0,
+                race=RaceOptions(batch_size=400, exact_fraction=0.1),
+                audit=AuditOptions(every=0),
             )
     point = model.initial_point()
     for _ in range(draws):

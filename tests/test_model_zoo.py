@@ -20,8 +20,9 @@ import pytensor.tensor as pt
 import pytest
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import RaceOptions
 
-FAST = {"batch_size": 25, "exact_fraction": 0.5}
+FAST = RaceOptions(batch_size=25, exact_fraction=0.5)
 
 
 def _data(n):
@@ -372,9 +373,9 @@ def _tv_bound(p, n_draws, rng, level=0.99):
     return float(np.quantile(0.5 * np.abs(counts - p).sum(axis=1), level))
 
 
-def check_gibbs(model, name, point, n_draws, settings):
+def check_gibbs(model, name, point, n_draws, race):
     with model:
-        step = SubsampledCategoricalGibbs([model[name]], rng=1, **settings)
+        step = SubsampledCategoricalGibbs([model[name]], rng=1, race=race)
     values = step._values[0]
     logp = model.compile_logp()
     lps = np.array([logp(point | {name: np.asarray(v, dtype=point[name].dtype)}) for v in values])
@@ -418,10 +419,10 @@ def _batch_se(values, n_batches=25):
     return means.std(ddof=1) / np.sqrt(n_batches)
 
 
-def check_metropolis(model, name, point, n_tune, n_draws, settings):
+def check_metropolis(model, name, point, n_tune, n_draws, race):
     value_var = next(v for v in model.value_vars if v.name == name)
     with model:
-        step = RacingMetropolis([model.values_to_rvs[value_var]], rng=1, **settings)
+        step = RacingMetropolis([model.values_to_rvs[value_var]], rng=1, race=race)
     grid, w = _conditional_grid(model, name, point)
     cdf = np.cumsum(w)
     step.setup_chain(np.random.default_rng(2), tune=n_tune, draws=n_draws)
@@ -484,8 +485,8 @@ def test_zoo_model_is_drawn_right_by_racing_metropolis(builder):
 )
 def test_zoo_model_is_drawn_right_at_scale_with_defaults(builder):
     model, spec, point = _build(builder, 20_000)
-    check_gibbs(model, spec["gibbs"], point, 1500, {})
-    check_metropolis(model, spec["mh"], point, 500, 2000, {})
+    check_gibbs(model, spec["gibbs"], point, 1500, None)
+    check_metropolis(model, spec["mh"], point, 500, 2000, None)
 
 
 @pytest.mark.parametrize("builder", list(REFUSED), ids=lambda f: f.__name__)
@@ -526,5 +527,5 @@ def test_a_dims_length_input_keeps_the_race_in_python_at_compiled_sizes():
     which passes the candidates, the rows and the other value variables only, is not used
     (it failed to type before), and the draws match enumeration."""
     model, spec, point = _build(with_dims, 12_000)
-    step = check_gibbs(model, spec["gibbs"], point, 300, {})
+    step = check_gibbs(model, spec["gibbs"], point, 300, None)
     assert not step._compiled

@@ -120,8 +120,8 @@ def test_bad_input_raises():
             PliableRejection([x])
         with pytest.raises(ValueError, match="rebuild"):
             PliableRejection([z], rebuild="never")
-        with pytest.raises(ValueError, match="delta"):
-            PliableRejection([z], delta=0.0)
+        with pytest.raises(ValueError, match="envelope_error"):
+            PliableRejection([z], envelope_error=0.0)
         with pytest.raises(ValueError, match="max_proposals"):
             PliableRejection([z], max_proposals=0)
 

@@ -9,6 +9,7 @@ the study's size (benchmarks/sbc.py).
 import numpy as np
 import pytest
 
+from pymc_subsample.options import RaceOptions
 from support.sbc import (
     bimodal_problem,
     logistic_problem,
@@ -19,7 +20,8 @@ from support.sbc import (
 )
 
 P_MIN = 1e-3  # calibrated steps: every quantity's p-value above P_MIN / (number of quantities)
-RACING = {"exact_fraction": 1.0, "batch_size": 50}  # the race on its whole schedule, no timing
+# the race on its whole schedule, no timing
+RACING = {"race": RaceOptions(exact_fraction=1.0, batch_size=50)}
 
 
 def smallest_p(res):

@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import RaceOptions
 
 SAMPLE = {"chains": 1, "cores": 1, "compute_convergence_checks": False, "progressbar": False}
 PRIOR_SD = 10.0
@@ -215,7 +216,7 @@ def test_compiled_gibbs_race_takes_up_new_data_of_a_new_length():
     with model:
         # a fixed plan that races (the "auto" one decides these cheap terms exactly)
         step = SubsampledCategoricalGibbs(
-            [model["q"]], rng=0, exact_fraction=0.25, batch_size=500, delta=0.01
+            [model["q"]], rng=0, race=RaceOptions(exact_fraction=0.25, batch_size=500), delta=0.01
         )
         assert step._compiled
         pm.sample(step=[step], tune=0, draws=50, random_seed=1, **SAMPLE)
@@ -238,7 +239,11 @@ def test_gibbs_control_variates_drop_their_sums_on_new_values():
         pm.Normal("y", pt.as_tensor(GRID)[q], sigma, observed=y_data)
         # races on the whole schedule, so that the control variates are read
         step = SubsampledCategoricalGibbs(
-            [q], rng=0, control_variates=True, exact_fraction=1.0, batch_size=100, delta=0.01
+            [q],
+            rng=0,
+            control_variates=True,
+            race=RaceOptions(exact_fraction=1.0, batch_size=100),
+            delta=0.01,
         )
     point = model.initial_point()
     point["sigma_log__"] = np.array(0.0)  # sigma = 1, held: draws from the conditional of q

@@ -7,6 +7,7 @@ inside one of the likelihoods is still refused.
 """
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pymc as pm
@@ -15,11 +16,12 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import RaceOptions
 
 SAMPLE = {"chains": 1, "cores": 1, "compute_convergence_checks": False, "progressbar": False}
-FAST = {"batch_size": 25, "exact_fraction": 0.5}  # races run at a few hundred rows
+FAST = RaceOptions(batch_size=25, exact_fraction=0.5)  # races run at a few hundred rows
 #: the Gibbs step races every draw (its back-off would decide most of them exactly here)
-GIBBS = FAST | {"backoff": False}
+GIBBS = replace(FAST, backoff=False)
 PRIOR_SD = 10.0
 SIGMAS = (1.0, 2.0)  # noise of y1 and of y2
 
@@ -98,7 +100,7 @@ def test_metropolis_on_a_mean_shared_by_two_lengths():
     y1, y2 = 0.5 + rng.normal(size=300), 0.5 + SIGMAS[1] * rng.normal(size=200)
     model = mean_model(y1, y2)
     with model:
-        step = RacingMetropolis([model["mu"]], rng=0, **FAST)
+        step = RacingMetropolis([model["mu"]], rng=0, race=FAST)
         assert step.terms.n_obs == 500
         idata = pm.sample(step=[step], tune=300, draws=1500, random_seed=1, **SAMPLE)
     mean, sd = mean_posterior(y1, y2)
@@ -109,7 +111,7 @@ def test_metropolis_on_two_regressions_sharing_a_slope():
     x1, y1, x2, y2 = two_regressions(300, 200, seed=1)
     model = regression_model(x1, y1, x2, y2)
     with model:
-        step = RacingMetropolis([model["a1"], model["a2"], model["b"]], rng=0, **FAST)
+        step = RacingMetropolis([model["a1"], model["a2"], model["b"]], rng=0, race=FAST)
         idata = pm.sample(step=[step], tune=500, draws=2000, random_seed=2, **SAMPLE)
     mean, sd = regression_posterior(x1, y1, x2, y2)
     assert_posterior(idata, ["a1", "a2", "b"], mean, sd)
@@ -157,7 +159,7 @@ def test_gibbs_chooses_a_shared_value_over_two_lengths():
     probs = exact_conditional(model)
     assert probs.max() < 0.6  # the draws spread over several values
     with model:
-        step = SubsampledCategoricalGibbs([model["q"]], rng=0, **GIBBS)
+        step = SubsampledCategoricalGibbs([model["q"]], rng=0, race=GIBBS)
         idata = pm.sample(step=[step], tune=0, draws=1000, random_seed=4, **SAMPLE)
     assert_matches_enumeration(idata.posterior["q"].values.ravel(), probs, step.delta)
 
@@ -170,7 +172,7 @@ def test_gibbs_takes_up_a_new_length_right_after_set_data():
     _, x_more, y_more = grid_data(1, 300, 0.75, seed=6)
     x2_new, y2_new = np.concatenate([x2, x_more]), np.concatenate([y2, y_more])
     with model:
-        step = SubsampledCategoricalGibbs([model["q"]], rng=0, **GIBBS)
+        step = SubsampledCategoricalGibbs([model["q"]], rng=0, race=GIBBS)
         pm.sample(step=[step], tune=0, draws=200, random_seed=7, **SAMPLE)
         pm.set_data({"x2": x2_new, "y2d": y2_new})
         probs = exact_conditional(model)
@@ -186,7 +188,7 @@ def test_metropolis_takes_up_a_new_length_right_after_set_data():
     x2_new, y2_new = np.concatenate([x2, x_more]), np.concatenate([y2, y_more])
     model = regression_model(x1, y1, x2, y2)
     with model:
-        step = RacingMetropolis([model["a1"], model["a2"], model["b"]], rng=0, **FAST)
+        step = RacingMetropolis([model["a1"], model["a2"], model["b"]], rng=0, race=FAST)
         pm.sample(step=[step], tune=200, draws=200, random_seed=11, **SAMPLE)
         pm.set_data({"x2": x2_new, "y2d": y2_new})
         idata, seen = sample_recording(step, tune=500, draws=2000, random_seed=12)

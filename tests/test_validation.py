@@ -23,6 +23,7 @@ from pymc_subsample import (
     race,
     sample_categorical,
 )
+from pymc_subsample.options import AuditOptions, ProposalOptions, RaceOptions
 from pymc_subsample.prs import PliableRejectionSampler, build_envelope
 from pymc_subsample.racing import race_independent
 from pymc_subsample.validation import (
@@ -108,7 +109,16 @@ def build(kind, models, **kwargs):
         return race_independent(arm_rewards, [40, 30, 20], rng=0, **kwargs)
     if kind == "compare_runs":
         return compare_runs(**{"runs": {"exact": None}, **kwargs})
+    if kind in OPTIONS:
+        return OPTIONS[kind](**kwargs)
     raise AssertionError(kind)
+
+
+OPTIONS = {
+    "race_options": RaceOptions,
+    "audit_options": AuditOptions,
+    "proposal_options": ProposalOptions,
+}
 
 
 T, V = ArgumentTypeError, ValueError
@@ -116,15 +126,27 @@ RACING_STEP = [  # keywords of the shared base, for both racing steps
     ("delta", 0.0, V),
     ("delta", 1.5, V),
     ("delta", "0.05", T),
+    ("race", "fast", T),
+    ("race", {"bound": "exact"}, T),
+    ("audit", 5, T),
+    ("blocked", "yes", T),
+    ("data", "y", T),
+    ("data", ["nope"], V),  # was a bare KeyError
+    ("data", [3], V),
+    ("expand_in", 5, T),
+    ("model", "model", T),
+    ("initial_point", [0.0], T),
+    ("compile_kwargs", "fast", T),
+    ("rng", "seed", T),
+]
+RACE_OPTIONS = [  # RaceOptions, the same for both racing steps
     ("bound", "normall", V),
     ("bound", 3, T),
+    ("variance", "pooled", V),
     ("batch_size", 1, V),
     ("batch_size", 2.5, V),
     ("batch_size", "50", T),
     ("batch_size", True, T),
-    ("audit_every", -1, V),
-    ("audit_every", 1.5, V),
-    ("audit_every", "sometimes", T),
     ("reward_range", -1.0, V),
     ("reward_range", float("nan"), V),
     ("reward_range", "big", T),
@@ -136,49 +158,50 @@ RACING_STEP = [  # keywords of the shared base, for both racing steps
     ("shuffle_every", "never", T),
     ("backoff", "no", T),  # bool("no") is True: was accepted as on
     ("backoff", 0, T),
-    ("blocked", "yes", T),
-    ("data", "y", T),
-    ("data", ["nope"], V),  # was a bare KeyError
-    ("data", [3], V),
-    ("expand_in", 5, T),
-    ("model", "model", T),
-    ("initial_point", [0.0], T),
-    ("compile_kwargs", "fast", T),
-    ("rng", "seed", T),
+]
+AUDIT_OPTIONS = [
+    ("every", -1, V),
+    ("every", 1.5, V),
+    ("every", "sometimes", T),
+    ("act", "no", T),
+]
+PROPOSAL_OPTIONS = [
+    ("covariance", "eye", T),
+    ("covariance", [[1.0, 2.0], [3.0]], T),
+    ("covariance", np.ones((2, 3)), V),
+    ("path_length", 0.0, V),
+    ("path_length", "long", T),
+    ("tune_interval", 0, V),
+    ("tune_interval", 2.5, V),
+    ("gradient_batch", -3, V),  # was a ZeroDivisionError at sampling
+    ("gradient_batch", "all", T),
+    ("target_accept", 1.0, V),
+    ("target_accept", "high", T),
+    ("elemwise", "yes", T),
 ]
 CASES = (
     [("gibbs", *case) for case in RACING_STEP]
     + [("metropolis", *case) for case in RACING_STEP]
+    + [("race_options", *case) for case in RACE_OPTIONS]
+    + [("audit_options", *case) for case in AUDIT_OPTIONS]
+    + [("proposal_options", *case) for case in PROPOSAL_OPTIONS]
     + [
-        ("gibbs", "variance", "pooled", V),
         ("gibbs", "control_variates", "no", T),
         ("gibbs", "control_variates", 1, T),
-        ("metropolis", "bound", "lilucb", V),
         ("metropolis", "proposal", "hmcc", V),
         ("metropolis", "proposal", 3, T),
         ("metropolis", "scaling", 0.0, V),
         ("metropolis", "scaling", "big", T),
-        ("metropolis", "covariance", "eye", T),
-        ("metropolis", "covariance", np.eye(3), V),
-        ("metropolis", "covariance", np.array([[1.0, 2.0], [2.0, 1.0]]), V),
-        ("metropolis", "path_length", 0.0, V),
-        ("metropolis", "path_length", "long", T),
-        ("metropolis", "tune_interval", 0, V),
-        ("metropolis", "tune_interval", 2.5, V),
+        ("metropolis", "proposal_options", "hmc", T),
         ("metropolis", "control_variates", "no", T),
-        ("metropolis", "gradient_batch", -3, V),  # was a ZeroDivisionError at sampling
-        ("metropolis", "gradient_batch", "all", T),
-        ("metropolis", "target_accept", 1.0, V),
-        ("metropolis", "target_accept", "high", T),
-        ("metropolis", "elemwise", "yes", T),
         ("pliable", "n_init", 0, V),  # was taken as "default"
         ("pliable", "n_init", 5, V),
         ("pliable", "n_init", "many", T),
         ("pliable", "smoothness", -1.0, V),  # was accepted
         ("pliable", "smoothness", 5.0, V),  # was accepted
         ("pliable", "smoothness", "smooth", T),
-        ("pliable", "delta", 0.0, V),
-        ("pliable", "delta", "0.01", T),
+        ("pliable", "envelope_error", 0.0, V),
+        ("pliable", "envelope_error", "0.01", T),
         ("pliable", "refine", "no", T),  # was accepted as on
         ("pliable", "max_dim", 10, V),
         ("pliable", "max_dim", 0, V),
@@ -240,9 +263,81 @@ def test_bad_keyword_is_refused_naming_it(models, kind, keyword, value, error):
             build(kind, models, **{keyword: value})
     message = str(info.value)
     assert keyword in message, message
-    if keyword not in ("covariance", "logpdf", "rng"):  # arrays, callables: named by type
+    # arrays, callables, objects: named by type
+    if keyword not in ("covariance", "logpdf", "rng", "race", "audit"):
         shown = value[0] if isinstance(value, list) else value  # the entry at fault
         assert repr(shown) in message or str(shown) in message, message
+
+
+STEP_OPTIONS = [  # options that are valid alone and refused by the step they are given to
+    ("metropolis", {"race": RaceOptions(bound="lilucb")}, V, "lilucb"),
+    ("metropolis", {"race": RaceOptions(variance="marginal")}, V, "pairwise"),
+    ("metropolis", {"proposal_options": ProposalOptions(covariance=np.eye(3))}, V, r"\(2, 2\)"),
+    (
+        "metropolis",
+        {"proposal_options": ProposalOptions(covariance=np.array([[1.0, 2.0], [2.0, 1.0]]))},
+        V,
+        "positive definite",
+    ),
+    (
+        "metropolis",
+        {"proposal": "langevin", "proposal_options": ProposalOptions(elemwise=True)},
+        V,
+        r"elemwise=True\) needs proposal='normal'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "kwargs", "error", "match"), STEP_OPTIONS)
+def test_options_the_step_cannot_use_are_refused(models, kind, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        build(kind, models, **kwargs)
+
+
+MOVED = [  # keywords that left the signatures: the error says where they went
+    ("gibbs", "bound", "exact", "race=RaceOptions(bound='exact')"),
+    ("gibbs", "batch_size", 500, "race=RaceOptions(batch_size=500)"),
+    ("gibbs", "variance", "marginal", "race=RaceOptions(variance='marginal')"),
+    ("gibbs", "exact_fraction", 1.0, "race=RaceOptions(exact_fraction=1.0)"),
+    ("gibbs", "batches", "random", "race=RaceOptions(batches='random')"),
+    ("gibbs", "shuffle_every", 10, "race=RaceOptions(shuffle_every=10)"),
+    ("gibbs", "reward_range", 2.0, "race=RaceOptions(reward_range=2.0)"),
+    ("gibbs", "backoff", False, "race=RaceOptions(backoff=False)"),
+    ("gibbs", "audit_every", 5, "audit=AuditOptions(every=5)"),
+    ("gibbs", "elemwise", True, "unexpected keyword argument 'elemwise'"),
+    ("gibbs", "boundd", "exact", "unexpected keyword argument 'boundd'"),
+    ("metropolis", "bound", "exact", "race=RaceOptions(bound='exact')"),
+    ("metropolis", "audit_every", 0, "audit=AuditOptions(every=0)"),
+    ("metropolis", "covariance", None, "proposal_options=ProposalOptions(covariance=None)"),
+    ("metropolis", "path_length", 1.0, "proposal_options=ProposalOptions(path_length=1.0)"),
+    ("metropolis", "tune_interval", 50, "proposal_options=ProposalOptions(tune_interval=50)"),
+    ("metropolis", "gradient_batch", 100, "ProposalOptions(gradient_batch=100)"),
+    ("metropolis", "target_accept", 0.5, "ProposalOptions(target_accept=0.5)"),
+    ("metropolis", "elemwise", True, "proposal_options=ProposalOptions(elemwise=True)"),
+    ("pliable", "delta", 0.01, "envelope_error=0.01"),
+    ("pliable", "bound", "exact", "unexpected keyword argument 'bound'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "keyword", "value", "fix"),
+    MOVED,
+    ids=[f"{c[0]}-{c[1]}" for c in MOVED],
+)
+def test_moved_keyword_names_its_new_place(models, kind, keyword, value, fix):
+    with pytest.raises(TypeError) as info:
+        build(kind, models, **{keyword: value})
+    assert fix in str(info.value), str(info.value)
+
+
+def test_options_are_validated_once_and_canonical():
+    """Fields come out in their canonical types; the objects compare by value."""
+    race = RaceOptions(batch_size=np.int64(64), exact_fraction=np.float32(0.5))
+    assert type(race.batch_size) is int and type(race.exact_fraction) is float
+    assert race == RaceOptions(batch_size=64, exact_fraction=0.5)
+    assert RaceOptions().batch_size == "auto" and AuditOptions().every == "auto"
+    cov = ProposalOptions(covariance=[[2.0]]).covariance
+    assert isinstance(cov, np.ndarray) and cov.shape == (1, 1)
 
 
 def test_type_errors_are_value_errors_too():

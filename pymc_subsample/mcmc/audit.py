@@ -133,21 +133,34 @@ def diagnose(n_structural: int, zero_share: float | None) -> str:
     return "heavy_tails"
 
 
-def explain(cause: str, step: str, n_wrong: int, n_audits: int, delta: float) -> str:
-    """Return the warning of a step that audits found wrong and that now decides exactly."""
+def explain(
+    cause: str, step: str, n_wrong: int, n_audits: int, delta: float, *, act: bool = True
+) -> str:
+    """Return the warning of a step that audits found wrong.
+
+    With ``act`` the step now decides exactly; without (``AuditOptions(act=False)``)
+    it keeps racing, and the warning says so.
+    """
     head = (
         f"{step}: {n_wrong} of {n_audits} audited decisions differed from the exact ones, "
-        f"significantly more than delta={delta:g}; the step decides exactly (every "
-        "observation) for the rest of its run, and its 'audit_exact' stat is True from now on. "
+        f"significantly more than delta={delta:g}; "
     )
+    if act:
+        head += (
+            "the step decides exactly (every observation) for the rest of its run, and its "
+            "'audit_exact' stat is True from now on. "
+        )
+    else:
+        head += "the step keeps racing, as audit=AuditOptions(act=False) asks. "
     if cause == "structural":
+        joint = "Exact decisions now use the model's joint log density. " if act else ""
         return head + (
             "Cause: structural or stale terms. The likelihood terms as the step evaluates them "
             "(on its row-permuted copy of the data) do not sum to the model's log density: the "
             "observations are coupled across rows (e.g. a lag such as y[:-1] written by hand, "
             "a time series), the data changed without step.data_changed(), or a pm.Data input "
-            "is not indexed by observation. Exact decisions now use the model's joint log "
-            "density. Do not subsample this model: use an exact PyMC step, or rewrite the "
+            f"is not indexed by observation. {joint}"
+            "Do not subsample this model: use an exact PyMC step, or rewrite the "
             "likelihood with per-observation inputs (e.g. the lagged values as their own "
             "pm.Data column)"
         )
@@ -156,12 +169,12 @@ def explain(cause: str, step: str, n_wrong: int, n_audits: int, delta: float) ->
             "Cause: sparse differences. On the race's batches most observations give every "
             "candidate the same term (e.g. a change point, where candidates differ on a few "
             "rows), so a batch rarely sees the rows that decide. Subsampling cannot pay here: "
-            "use bound='exact' or an exact PyMC step for this variable"
+            "use race=RaceOptions(bound='exact') or an exact PyMC step for this variable"
         )
     return head + (
         "Cause: heavy tails. The normal approximation fails on these likelihood terms (heavy "
-        "tails or rare large terms). Change a setting of this step: a larger batch_size "
-        "(e.g. batch_size=500), bound='ebs' with reward_range=<a bound on the terms' range>, "
-        "or bound='exact' for exact draws (a smaller delta helps only a little when the "
-        "bound's assumption fails)"
+        "tails or rare large terms). Change a setting of this step: a larger first batch "
+        "(e.g. race=RaceOptions(batch_size=500)), race=RaceOptions(bound='ebs', "
+        "reward_range=<a bound on the terms' range>), or race=RaceOptions(bound='exact') for "
+        "exact draws (a smaller delta helps only a little when the bound's assumption fails)"
     )

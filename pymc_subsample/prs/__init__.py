@@ -17,7 +17,7 @@ from .envelope import (
 )
 from .proposal import MixtureProposal, ProductProposal
 from .rejection import Design, Draws, build_envelope, draw, evaluate, refit_envelope
-from .sampler import PliableRejectionSampler, default_n_init
+from .sampler import PliableRejectionSampler, check_envelope_settings, default_n_init
 
 __all__ = [
     "MAX_DIM",
@@ -28,6 +28,7 @@ __all__ = [
     "PliableRejectionSampler",
     "ProductProposal",
     "build_envelope",
+    "check_envelope_settings",
     "default_n_cells",
     "default_n_init",
     "draw",

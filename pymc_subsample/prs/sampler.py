@@ -19,7 +19,7 @@ from .envelope import MAX_DIM, PliableEnvelope
 from .proposal import MixtureProposal, ProductProposal
 from .rejection import Design, build_envelope, draw, refit_envelope
 
-__all__ = ["PliableRejectionSampler", "default_n_init"]
+__all__ = ["PliableRejectionSampler", "check_envelope_settings", "default_n_init"]
 
 #: With ``refine``, the envelope is refitted each time the evaluations grow by this factor.
 REFIT_FACTOR = 1.5
@@ -35,6 +35,31 @@ def default_n_init(budget: int, dim: int, smoothness: float = 2.0, refine: bool 
     """
     n = math.ceil(budget ** ((2 * smoothness + dim) / (3 * smoothness + dim)))
     return max(n // 2, 10) if refine else n
+
+
+def check_envelope_settings(
+    n_init, smoothness, delta, refine, *, delta_name: str = "delta"
+) -> tuple[int | None, float, float, bool]:
+    r"""Validate the envelope settings shared by the sampler and the PyMC step.
+
+    Returns ``(n_init, smoothness, delta, refine)`` in their canonical types;
+    ``delta_name`` is the name the caller gives :math:`\delta` (the step's
+    ``envelope_error``), for the messages.
+
+    Raises
+    ------
+    ArgumentTypeError, ValueError
+        For a setting of the wrong type or range
+        (:mod:`pymc_subsample.validation`).
+    """
+    delta = check_probability(delta_name, delta, example=0.01)
+    smoothness = check_float(
+        "smoothness", smoothness, low=0.0, high=2.0, low_open=True, example=2.0,
+        why=" (the Hölder exponent of Assumption 1 of Erraqabi et al. 2016)",
+    )  # fmt: skip
+    n_init = check_int("n_init", n_init, low=10, example=1000, special=(None,))
+    refine = check_bool("refine", refine, example=False)
+    return n_init, smoothness, delta, refine
 
 
 class PliableRejectionSampler:
@@ -147,17 +172,13 @@ class PliableRejectionSampler:
                 f"logpdf must be a callable taking points of shape (k, d), got {logpdf!r}; "
                 "e.g. logpdf=lambda x: -0.5 * (x**2).sum(axis=1)"
             )
-        delta = check_probability("delta", delta, example=0.01)
-        smoothness = check_float(
-            "smoothness", smoothness, low=0.0, high=2.0, low_open=True, example=2.0,
-            why=" (the Hölder exponent of Assumption 1)",
-        )  # fmt: skip
+        n_init, smoothness, delta, refine = check_envelope_settings(
+            n_init, smoothness, delta, refine
+        )
         envelope_scale = check_float(
             "envelope_scale", envelope_scale, low=0.0, low_open=True, special=(None,)
         )
-        n_init = check_int("n_init", n_init, low=10, example=1000, special=(None,))
         n_cells = check_int("n_cells", n_cells, low=2, example=64, special=(None,))
-        refine = check_bool("refine", refine, example=False)
         check_choice("design", design, ("two-stage", "uniform"))
         check_choice("estimator", estimator, ("auto", "log-linear", "kernel"))
         if proposal is not None and not isinstance(proposal, ProductProposal | MixtureProposal):

@@ -491,6 +491,10 @@ class CompiledRace:
         _, _, _, _, n_evals, n_rounds, winner = self._out_ints.tolist()
         return winner, n_evals, n_rounds
 
+    def rows_drawn(self) -> int:
+        """Return the observations the last launch drew per surviving arm (its sample size)."""
+        return int(self._out_ints[1])
+
     def survivors(self) -> np.ndarray:
         """Return the arms alive after the last launch (the driver's buffer: read, not kept)."""
         return self._out_alive[: self._out_ints[0]]

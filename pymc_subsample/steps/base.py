@@ -14,18 +14,12 @@ from pymc.util import get_random_generator
 from ..mcmc.audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
 from ..mcmc.backoff import Backoff
 from ..mcmc.cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
-from ..model.terms import BATCH_LAYOUTS, ObservationTerms
+from ..model.terms import ObservationTerms
+from ..options import AuditOptions, RaceOptions, options_or_default
 from ..racing import ExactSwitch, RaceConfig
 from ..racing.common import validate_race_args
 from ..racing.schedule import position_stream
-from ..validation import (
-    ArgumentTypeError,
-    check_bool,
-    check_choice,
-    check_float,
-    check_instance,
-    check_int,
-)
+from ..validation import ArgumentTypeError, check_bool, check_instance
 
 __all__ = [
     "AUDIT_AGREE",
@@ -35,7 +29,6 @@ __all__ = [
     "SHUFFLE_DIVISOR",
     "RacingStep",
     "RacingStepState",
-    "check_exact_fraction",
     "check_step_context",
     "step_rng",
 ]
@@ -50,14 +43,6 @@ AUDIT_DISAGREE = 0
 AUDIT_BUDGET = 0.05
 #: ``shuffle_every="auto"`` redraws the row permutation every :math:`N` / this many draws.
 SHUFFLE_DIVISOR = 10
-
-
-def check_exact_fraction(exact_fraction):
-    """Return ``exact_fraction``; raise unless it lies in (0, 1] or is "auto"."""
-    return check_float(
-        "exact_fraction", exact_fraction, low=0.0, high=1.0, low_open=True, example=0.25,
-        special=("auto",),
-    )  # fmt: skip
 
 
 def check_step_context(model, initial_point, compile_kwargs) -> None:
@@ -104,13 +89,27 @@ class RacingStep(BlockedStep):
     ----------
     vars : list
         The block.
-    delta, bound, batch_size, variance, reward_range
-        Race settings (:class:`~pymc_subsample.racing.RaceConfig`).
-    audit_every : int or "auto"
-        Every ``audit_every``-th draw also makes the exact decisions (0: never).
-        ``"auto"`` (the steps' default) audits by a time budget: a draw is
-        audited when the time spent in audits so far is at most
-        :data:`AUDIT_BUDGET` (5%) of this step's own time in the chain,
+    delta : float
+        Error allowed per decision, in (0, 1) (the races' error rate:
+        :attr:`race_delta` may lower it, never raise it).
+    race : RaceOptions
+        How each race runs (:class:`~pymc_subsample.options.RaceOptions`), its
+        "auto" settings as the step leaves them: ``batch_size="auto"`` and
+        ``exact_fraction="auto"`` are then chosen by timing the model
+        (:meth:`_plan_races`); ``shuffle_every="auto"`` redraws the row
+        permutation behind ``"blocks"`` and ``"windows"`` every
+        :math:`\max(1, \lfloor N /` :data:`SHUFFLE_DIVISOR` :math:`\rfloor)`
+        draws, so that a redraw (one pass that moves every row) costs about a
+        tenth of a row move per draw; ``backoff`` decides exactly, without a
+        race, while most recent races gave up
+        (:class:`~pymc_subsample.mcmc.backoff.Backoff`, kept in ``_backoff`` and
+        reset at the start of every chain).
+    audit : AuditOptions
+        How the step checks its decisions (:class:`~pymc_subsample.options.AuditOptions`).
+        Every ``audit.every``-th draw also makes the exact decisions (0: never).
+        ``"auto"`` audits by a time budget: a draw is audited when the time
+        spent in audits so far is at most :data:`AUDIT_BUDGET` (5%) of this
+        step's own time in the chain,
 
         .. math:: \text{audit draw } t \iff S_{\text{audit}}(t) \le 0.05\, S(t),
 
@@ -127,26 +126,28 @@ class RacingStep(BlockedStep):
         stats, never the draws, until they find the races wrong: when the
         audited error rate is significantly above ``delta``
         (:func:`~pymc_subsample.mcmc.audit.error_rate_exceeds`), the step warns,
-        naming the likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and
-        decides exactly for the rest of its run (:attr:`audit_exact`). The
-        exact decision an audit compares with is the model's own joint log
-        density on the original data at each candidate, not the race's terms
-        (:meth:`_joint_scores`).
+        naming the likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and,
+        with ``audit.act`` (the default), decides exactly for the rest of its
+        run (:attr:`audit_exact`); with ``act=False`` it only warns, and keeps
+        racing. The exact decision an audit compares with is the model's own
+        joint log density on the original data at each candidate, not the
+        race's terms (:meth:`_joint_scores`).
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.model.terms.ObservationTerms`).
-    batches : {"random", "windows"}
-        Batch layout (:class:`~pymc_subsample.model.terms.ObservationTerms`).
-    shuffle_every : int or "auto"
-        Draws between redraws of the row permutation behind ``"blocks"`` and
-        ``"windows"``; ``"auto"``: :math:`\max(1, \lfloor N /`
-        :data:`SHUFFLE_DIVISOR` :math:`\rfloor)`, so that a redraw (one pass
-        that moves every row) costs about a tenth of a row move per draw.
-    backoff : bool
-        Decide exactly, without a race, while most recent races gave up
-        (:class:`~pymc_subsample.mcmc.backoff.Backoff`, kept in ``_backoff`` and
-        reset at the start of every chain).
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
+
+    Attributes
+    ----------
+    race : RaceOptions
+        The race settings as given (after the subclass's own "auto" choices).
+    audit : AuditOptions
+        The audit settings as given.
+    batch_size : int
+        The first batch used (``race.batch_size``, or the one "auto" chose).
+    shuffle_every : int
+        Draws between redraws of the row permutation (``race.shuffle_every``
+        resolved for the current :math:`N`).
     """
 
     _state_class = RacingStepState
@@ -156,15 +157,9 @@ class RacingStep(BlockedStep):
         vars,
         *,
         delta: float,
-        bound: str,
-        batch_size: int,
-        variance: str,
-        audit_every: int | str,
-        reward_range: float | None,
+        race: RaceOptions,
+        audit: AuditOptions,
         data,
-        batches: str,
-        shuffle_every: int,
-        backoff: bool,
         model,
         rng,
         initial_point,
@@ -174,23 +169,16 @@ class RacingStep(BlockedStep):
         import pymc as pm
 
         check_step_context(model, initial_point, compile_kwargs)
+        race = options_or_default("race", race, RaceOptions)
+        audit = options_or_default("audit", audit, AuditOptions)
         self.model = pm.modelcontext(model)
-        auto_batch = isinstance(batch_size, str) and batch_size == "auto"
-        self.delta = validate_race_args(delta, bound, 50 if auto_batch else batch_size, variance, 1)
-        self.bound = bound
-        self.batch_size = None if auto_batch else int(batch_size)
-        self.variance = variance
-        self.audit_every = check_int(
-            "audit_every", audit_every, low=0, example=100, special=("auto",),
-            why=" (0 turns audits off)",
-        )  # fmt: skip
-        self.reward_range = check_float(
-            "reward_range", reward_range, low=0.0, example=10.0, special=(None,)
+        self.race = race
+        self.audit = audit
+        auto_batch = race.batch_size == "auto"
+        self.delta = validate_race_args(
+            delta, race.bound, 50 if auto_batch else race.batch_size, race.variance, 1
         )
-        check_choice("batches", batches, BATCH_LAYOUTS)
-        shuffle_every = check_int("shuffle_every", shuffle_every, low=1, special=("auto",))
-        auto_shuffle = shuffle_every == "auto"
-        backoff = check_bool("backoff", backoff)
+        self.batch_size = None if auto_batch else int(race.batch_size)
         blocked = check_bool("blocked", blocked)
         self.rng = step_rng(rng)
         self._compile_kwargs = dict(compile_kwargs or {})
@@ -201,8 +189,8 @@ class RacingStep(BlockedStep):
         #: True when those exact decisions take the joint log density, the race's own terms
         #: having been found not to be the model's (a "structural" cause).
         self._exact_independent = False
-        #: The cause the audits named when they switched
-        #: (:data:`~pymc_subsample.mcmc.audit.CAUSES`).
+        #: The cause the audits named when they found the races wrong
+        #: (:data:`~pymc_subsample.mcmc.audit.CAUSES`), None before; kept across chains.
         self.audit_cause: str | None = None
         if initial_point is None:
             initial_point = self.model.initial_point()
@@ -213,22 +201,50 @@ class RacingStep(BlockedStep):
             data=data,
             initial_point=initial_point,
             compile_kwargs=compile_kwargs,
-            batches=batches,
+            batches=race.batches,
         )
         self.vars = self.terms.vars
-        n_obs = self.terms.n_obs
-        auto_every = max(1, n_obs // SHUFFLE_DIVISOR)
-        self._auto_shuffle = auto_shuffle
-        self.shuffle_every = auto_every if auto_shuffle else int(shuffle_every)
+        self._auto_shuffle = race.shuffle_every == "auto"
+        self.shuffle_every = (
+            max(1, self.terms.n_obs // SHUFFLE_DIVISOR)
+            if self._auto_shuffle
+            else int(race.shuffle_every)
+        )
         self.blocked = blocked
-        self.backoff = bool(backoff)
-        self._backoff = Backoff(self.backoff)
+        self._backoff = Backoff(race.backoff)
         self.tune = False
         self.n_steps = 0
         self.race_config: RaceConfig | None = None
         self.exact_switch = ExactSwitch.never()
         self._reset_audits()
         self._shuffle()
+
+    # -- settings (read-only views of the options) ----------------------------------
+
+    @property
+    def bound(self) -> str:
+        """The races' bound (``race.bound``)."""
+        return self.race.bound
+
+    @property
+    def variance(self) -> str:
+        """The races' variance estimate (``race.variance``)."""
+        return self.race.variance
+
+    @property
+    def reward_range(self) -> float | None:
+        """The known range of a reward difference, or None (``race.reward_range``)."""
+        return self.race.reward_range
+
+    @property
+    def backoff(self) -> bool:
+        """Whether the step backs off to exact decisions (``race.backoff``)."""
+        return self.race.backoff
+
+    @property
+    def audit_every(self) -> int | str:
+        """Draws between audits, 0 or "auto" (``audit.every``)."""
+        return self.audit.every
 
     # -- settings ------------------------------------------------------------------
 
@@ -240,7 +256,7 @@ class RacingStep(BlockedStep):
                 f"control_variates is off: {fix}"
             )
 
-    def _plan_races(self, exact_fraction, n_cands: int) -> None:
+    def _plan_races(self, n_cands: int) -> None:
         """Resolve ``batch_size="auto"`` and ``exact_fraction``; build :attr:`race_config`.
 
         Both "auto" settings time a batch and a fused exact evaluation of
@@ -252,7 +268,7 @@ class RacingStep(BlockedStep):
         (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`); again at new data
         (:meth:`_replan_races`).
         """
-        exact_fraction = check_exact_fraction(exact_fraction)
+        exact_fraction = self.race.exact_fraction
         auto_switch = exact_fraction == "auto"
         self._auto_plan = (self.batch_size is None, auto_switch)
         self._exact_fraction = exact_fraction
@@ -531,16 +547,17 @@ class RacingStep(BlockedStep):
         (:func:`~pymc_subsample.mcmc.audit.zero_difference_share`), measured at
         wrong decisions. When the error rate is significantly above delta
         (:func:`~pymc_subsample.mcmc.audit.error_rate_exceeds`), the step warns,
-        naming the cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and decides
-        exactly from then on (:attr:`audit_exact`), from the model's joint log
-        density if the cause is structural.
+        naming the cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and, with
+        ``audit.act``, decides exactly from then on (:attr:`audit_exact`), from the
+        model's joint log density if the cause is structural; with ``act=False``
+        it only warns (once: :attr:`audit_cause` is then set).
         """
         self.n_audits += 1
         self.n_disagreements += int(not agree)
         self.n_structural += int(structural)
         if zero_share is not None:
             self._zero_shares.append(float(zero_share))
-        if agree or self.audit_exact:
+        if agree or self.audit_cause is not None:
             # P(Binomial(n, delta) >= k) grows with n at fixed k: an agreement cannot make
             # the test below pass, so it is run (a slow scipy call) only at disagreements
             return
@@ -549,10 +566,12 @@ class RacingStep(BlockedStep):
             share = float(np.mean(self._zero_shares)) if self._zero_shares else None
             cause = diagnose(self.n_structural, share)
             self.audit_cause = cause
-            self.audit_exact = True
-            self._exact_independent = cause == "structural"
+            act = self.audit.act
+            if act:
+                self.audit_exact = True
+                self._exact_independent = cause == "structural"
             warnings.warn(
-                explain(cause, type(self).__name__, k, n, self.race_delta),
+                explain(cause, type(self).__name__, k, n, self.race_delta, act=act),
                 UserWarning,
                 stacklevel=3,
             )

@@ -17,6 +17,7 @@ from ..mcmc.cost import compiled_look_cost
 from ..model.expansion_cache import ExpansionCache, inputs_key
 from ..model.support import discrete_support
 from ..model.terms import check_expand_in, prior_points
+from ..options import AuditOptions, RaceOptions, options_or_default, reject_moved_keywords
 from ..racing import RaceResult, sample_categorical
 from ..racing.common import argmax_or_raise
 from ..racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
@@ -27,7 +28,6 @@ from .base import (
     AUDIT_DISAGREE,
     AUDIT_NOT_RUN,
     RacingStep,
-    check_exact_fraction,
 )
 
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
@@ -46,17 +46,22 @@ LONE_KEY = (0, 0)
 
 def _draw_stats(
     n_evals: int,
-    budget: int,
+    rows: int,
+    n_rows: int,
     n_rounds: int,
     exhausted: bool,
     n_raced: int,
     audit_agree: int,
     audit_exact: bool = False,
 ) -> dict:
-    """Sampler stats of one draw (see ``SubsampledCategoricalGibbs.stats_dtypes_shapes``)."""
+    """Sampler stats of one draw (see ``SubsampledCategoricalGibbs.stats_dtypes_shapes``).
+
+    ``rows``: observations the draw's decisions read, summed over them;
+    ``n_rows``: :math:`N` times the number of decisions.
+    """
     return {
         "n_evals": n_evals,
-        "frac_evals": n_evals / budget,
+        "frac_evals": rows / n_rows,
         "n_rounds": n_rounds,
         "exhausted": exhausted,
         "n_raced": n_raced,
@@ -90,8 +95,8 @@ class SubsampledCategoricalGibbs(RacingStep):
     with a race on growing shared mini-batches
     (:func:`~pymc_subsample.racing.sample_categorical`): its law is within total
     variation ``delta`` of the exact conditional (Chen & Ghahramani 2016, Prop. 1 and 3, under
-    the bound's assumptions); ``bound="exact"`` is an exact Gibbs draw over all
-    :math:`N` observations.
+    the bound's assumptions); ``race=RaceOptions(bound="exact")`` is an exact
+    Gibbs draw over all :math:`N` observations.
 
     Parameters
     ----------
@@ -107,74 +112,22 @@ class SubsampledCategoricalGibbs(RacingStep):
         refused, naming the variable and the fix.
     delta : float
         Error allowed per draw, in (0, 1).
-    bound : {"normal", "ebs", "lilucb", "exact"}
-        Racing bound (see :func:`~pymc_subsample.racing.race`).
-    batch_size : int or "auto"
-        First mini-batch size :math:`m^{(1)}` of the doubling schedule (the
-        paper's 50 for Racing-Normal, 2 for Racing-EBS). ``"auto"`` (default)
-        times the model once at construction and starts where a batch's terms
-        cost about as much as the look's fixed cost (one compiled call and the
-        race's bookkeeping): on cheap terms and large :math:`N` that is
-        thousands of observations, since smaller batches only add looks.
-        The value used is kept in ``batch_size``.
-    variance : {"pairwise", "marginal"}
-        Variance estimate of the race.
     data : list of pm.Data, optional
         The per-observation data inputs; guessed when omitted
         (:class:`~pymc_subsample.model.terms.ObservationTerms`).
-    audit_every : int or "auto"
-        Every ``audit_every``-th draw also computes the exact decision for the
-        same Gumbel noise and records ``audit_agree``; 0 turns audits off.
-        ``"auto"`` (default) audits within a budget of 5% of the step's own time
-        (:class:`~pymc_subsample.steps.base.RacingStep`). The exact decision is
-        Gumbel-max on the model's own joint log density at each value, on the
-        original data (independent of the race's terms). When the audited
-        error rate is significantly above ``delta`` the step warns, naming the
-        likely cause (structural or stale terms, sparse differences, heavy
-        tails: :func:`~pymc_subsample.mcmc.audit.diagnose`), and draws exactly for
-        the rest of its run, from the joint log density when the race's own
-        sums were found not to be the model's.
-    reward_range : float, optional
-        A bound on the range of :math:`\log f_n(i)` over observations, used by
-        ``"ebs"`` and ``"lilucb"`` and as Racing-Normal's rare-event floor.
-    exact_fraction : float or "auto"
-        When a race stops subsampling: once it has drawn this fraction of the
-        :math:`N` observations, its next look evaluates the surviving
-        candidates on all observations in one fused pass (exact), so that a
-        hard (diffuse) draw costs little more than an exact Gibbs draw.
-        ``"auto"`` (default) times the model's batch and fused evaluations
-        at construction and picks the largest look whose predicted race cost
-        stays within 20% of an exact decision
-        (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`), or decides every
-        draw exactly when even a first look would not pay (small :math:`N`).
-        Timings vary, so two separately built ``"auto"`` steps may choose
-        differently and their draws then differ for the same
-        ``random_seed`` (a step object always reproduces its own runs); pass
-        a number for bit-for-bit reproducibility across builds. ``1`` races on
-        the whole doubling schedule, as in the paper. The choice is kept in
-        :attr:`exact_switch`.
-    batches : {"blocks", "random", "windows"}
-        How races read the data. ``"blocks"`` (default): each race draws
-        whole blocks of :math:`b` consecutive rows (16 to 128, growing with
-        :math:`N`: :func:`~pymc_subsample.racing.schedule.block_rows`) of a
-        row-permuted copy of the per-observation data (one more copy in
-        memory, shuffled in place), uniformly at random without replacement
-        (:class:`~pymc_subsample.racing.schedule.RandomBlocks`): a gather
-        in runs, much cheaper than scattered rows, and a fresh sample among
-        :math:`N/b` blocks for every race. ``"random"``: every race gathers
-        its own scattered random rows, no copy (for data that do not fit
-        twice in memory; dearer per term). ``"windows"``: contiguous windows
-        of the permuted copy from a random start, no gather, but races that
-        share a permutation read overlapping windows: a chain that keeps one
-        permutation for many draws at small :math:`N` can exceed ``delta``
-        (the permutation-reuse study on the results pages).
-    shuffle_every : int or "auto"
-        With ``"blocks"`` and ``"windows"``: draws between redraws of the
-        row permutation (each redraw is one pass that moves every row).
-        ``"auto"`` (default): :math:`N/10` draws. Races that share a
-        permutation are slightly dependent; with blocks the dependence fades
-        as :math:`N` grows (the permutation-reuse study on the results
-        pages).
+    race : RaceOptions, optional
+        How each race runs (:class:`~pymc_subsample.options.RaceOptions`):
+        bound, first batch, exact switch, batch layout, back-off. The default
+        races with the normal bound and chooses the first batch and the exact
+        switch by timing the model at construction;
+        ``RaceOptions(bound="exact")`` draws exactly over all :math:`N`
+        observations. A race is on the :math:`D` values' terms: the back-off
+        is kept per element of the block.
+    audit : AuditOptions, optional
+        How often a draw is checked against the exact Gibbs draw for the same
+        Gumbel noise (Gumbel-max on the model's own joint log density at each
+        value), and what a failed audit does
+        (:class:`~pymc_subsample.options.AuditOptions`).
     control_variates : bool or dict
         Race on the residuals of a second-order expansion of the terms in the
         other continuous variables :math:`\psi` they depend on, around a
@@ -213,20 +166,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         :math:`\alpha = \mathrm{softplus}(z)` near zero, where the terms are
         far from quadratic in :math:`z` but linear-in-variance in
         :math:`\alpha`. Requires ``control_variates``.
-    backoff : bool
-        When most of an element's recent races (a share above
-        :data:`~pymc_subsample.mcmc.backoff.BACKOFF_SHARE`) gave up, that is
-        evaluated at least half of an exact draw's terms because most
-        candidates reached the exact pass, decide the next draw of that
-        element exactly, without a race; after each further such race twice
-        as many (1, 2, 4, ..., :data:`~pymc_subsample.mcmc.backoff.MAX_BACKOFF`;
-        :class:`~pymc_subsample.mcmc.backoff.Backoff`); a race that pays ends the
-        doubling. An exact draw is exact, so this adds no error, and a
-        diffuse conditional, where races cannot win, then costs about what an
-        exact draw costs instead of a race plus an exact pass.
-        Default True; False races every draw, as in the paper.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
+    **moved
+        Keywords that moved into the options objects (``bound``,
+        ``batch_size``, ``audit_every``, ...): each raises a ``TypeError``
+        that names its new place (:func:`~pymc_subsample.options.reject_moved_keywords`).
 
     Notes
     -----
@@ -237,13 +182,15 @@ class SubsampledCategoricalGibbs(RacingStep):
     decisions as the Python race), compiled when the step is built.
 
     Sampler stats, one value per draw: ``n_evals`` (per-observation terms
-    evaluated, summed over the elements updated), ``frac_evals``
-    (``n_evals / (N * D * n_elements)``), ``n_rounds`` (race looks),
+    evaluated, summed over the elements updated), ``frac_evals`` (the share of
+    the :math:`N` observations a decision read, averaged over the elements
+    updated: 1 for an exact draw; the same meaning in
+    :class:`~pymc_subsample.RacingMetropolis`), ``n_rounds`` (race looks),
     ``exhausted`` (some race needed all :math:`N`), ``n_raced`` (elements
-    drawn by a race rather than exactly, see ``backoff``), ``audit_agree``
+    drawn by a race rather than exactly, see ``RaceOptions.backoff``), ``audit_agree``
     (1: the audited draw agreed with the exact decision for every element
     raced, 0: it did not, -1: not audited) and ``audit_exact`` (the draw was
-    exact because audits had found the races wrong, see ``audit_every``).
+    exact because audits had found the races wrong, see ``audit``).
     """
 
     name = "subsampled_categorical_gibbs"
@@ -262,39 +209,30 @@ class SubsampledCategoricalGibbs(RacingStep):
         vars,
         *,
         delta: float = 0.05,
-        bound: str = "normal",
-        batch_size: int | str = "auto",
-        variance: str = "pairwise",
         data=None,
-        audit_every: int | str = "auto",
-        reward_range: float | None = None,
-        exact_fraction: float | str = "auto",
-        batches: str = "blocks",
-        shuffle_every: int | str = "auto",
+        race: RaceOptions | None = None,
+        audit: AuditOptions | None = None,
         control_variates: bool | dict = False,
         expand_in=None,
-        backoff: bool = True,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **moved,
     ):
-        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        reject_moved_keywords(type(self).__name__, moved, ("race", "audit"))
+        # before the build: a mistake costs no compile
+        race = options_or_default("race", race, RaceOptions)
+        audit = options_or_default("audit", audit, AuditOptions)
         check_expand_in(expand_in)
         _check_control_variates(control_variates)
         super().__init__(
             vars,
             delta=delta,
-            bound=bound,
-            batch_size=batch_size,
-            variance=variance,
-            audit_every=audit_every,
-            reward_range=reward_range,
+            race=race,
+            audit=audit,
             data=data,
-            batches=batches,
-            shuffle_every=shuffle_every,
-            backoff=backoff,
             model=model,
             rng=rng,
             initial_point=initial_point,
@@ -313,7 +251,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
         self._set_control_variates(control_variates, expand_in)
-        self._plan_races(exact_fraction, max(self.n_categories))
+        self._plan_races(max(self.n_categories))
         self._plan_compiled()
 
     # -- control variates ------------------------------------------------------------
@@ -437,6 +375,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         if self.decides_exactly or self._backoff.take(LONE_KEY):
             n_raced = 0
             value, n_evals, n_rounds, exhausted = self._lean_exact(log_f0, noise, point)
+            rows = n_obs
         else:
             n_raced = 1
             if self._constant_f0 is None:
@@ -446,6 +385,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                     self._lean_offsets = (self._constant_f0 + self._lean_noise) / n_obs
                 offsets = self._lean_offsets[at]
             value, n_evals, n_rounds, exhausted, totals = self._lean_race(offsets, point)
+            rows = n_obs if exhausted else self._compiled_race.rows_drawn()
             # did it pay, or did most candidates reach the exact pass?
             self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
             if audit:  # the exact decision for the same noise, from the model's joint density
@@ -453,9 +393,7 @@ class SubsampledCategoricalGibbs(RacingStep):
                 verdict = self._audit(value, [self._values[0]], log_f0, noise, point, sums)
         point = dict(point)
         point[self._lone_name] = self._lone_points[value].copy()
-        stats = _draw_stats(
-            n_evals, n_obs * n_cat, n_rounds, exhausted, n_raced, verdict, exact_mode
-        )
+        stats = _draw_stats(n_evals, rows, n_obs, n_rounds, exhausted, n_raced, verdict, exact_mode)
         return point, [stats]
 
     def _audit(self, value, cands, log_f0, noise, point, totals=None) -> int:
@@ -571,7 +509,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         terms = self.terms
         n_obs = terms.n_obs
         exact_mode = self.audit_exact  # as at the draw's start
-        n_evals = n_rounds = budget = n_raced = 0
+        n_evals = n_rounds = rows = n_decisions = n_raced = 0
         exhausted = False
         agree = True
         for j, var in enumerate(self.vars):
@@ -635,9 +573,12 @@ class SubsampledCategoricalGibbs(RacingStep):
                 n_evals += res.n_evaluations
                 n_rounds += res.n_rounds
                 exhausted |= res.exhausted
-                budget += n_obs * n_cat
+                rows += min(res.n_drawn, n_obs)
+                n_decisions += 1
         verdict = (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
-        stats = _draw_stats(n_evals, budget, n_rounds, exhausted, n_raced, verdict, exact_mode)
+        stats = _draw_stats(
+            n_evals, rows, n_obs * n_decisions, n_rounds, exhausted, n_raced, verdict, exact_mode
+        )
         return point, [stats]
 
     # -- compiled races -------------------------------------------------------------

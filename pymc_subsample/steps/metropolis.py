@@ -35,21 +35,20 @@ from ..mcmc.surrogate import (
 )
 from ..model.expansion_cache import ExpansionCache, inputs_key
 from ..model.terms import check_expand_in, continuous_value_vars, model_deterministics
-from ..racing import IndexStream, mh_test
-from ..validation import (
-    ArgumentTypeError,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-    check_probability,
+from ..options import (
+    AuditOptions,
+    ProposalOptions,
+    RaceOptions,
+    options_or_default,
+    reject_moved_keywords,
 )
+from ..racing import IndexStream, mh_test
+from ..validation import check_bool, check_choice, check_float
 from .base import (
     AUDIT_AGREE,
     AUDIT_DISAGREE,
     AUDIT_NOT_RUN,
     RacingStep,
-    check_exact_fraction,
     check_step_context,
 )
 
@@ -95,11 +94,6 @@ class RacingMetropolis(RacingStep):
         Continuous variables (or their value variables).
     delta : float
         Error allowed per accept/reject decision, in (0, 1).
-    bound : {"normal", "ebs", "exact"}
-        Racing bound (:func:`~pymc_subsample.racing.race`); ``"exact"`` is plain
-        MH on all :math:`N` observations.
-    batch_size : int
-        First mini-batch size of the race.
     proposal : {"hmc", "normal", "langevin"}, optional
         ``"hmc"`` (default): a leapfrog trajectory of ``path_length`` (in
         units of the posterior scale) with mass matrix :math:`M` on the
@@ -116,54 +110,46 @@ class RacingMetropolis(RacingStep):
         given. ``"langevin"``: stochastic-gradient Langevin proposal
         :math:`\theta' = \theta + \frac{\epsilon^2}{2} g(\theta) + \epsilon z`
         with :math:`g` the exact gradient of :math:`\log f_0` plus :math:`N/m`
-        times that of a mini-batch of ``gradient_batch`` observations; the
+        times that of a mini-batch of ``gradient_batch`` observations (both in
+        ``proposal_options``); the
         proposal density ratio enters the test. Default: ``"hmc"``, or
-        ``"normal"`` with ``elemwise=True``.
+        ``"normal"`` with ``ProposalOptions(elemwise=True)``.
     scaling : float, optional
         ``"hmc"``: initial leapfrog step size in units of the posterior scale
         (default 0.5). ``"normal"``: None (default) adapts a step of
         :math:`2.38/\sqrt d` in units of :math:`M^{-1/2}`; a number is an
         absolute isotropic scale, as ``pm.Metropolis``'s. ``"langevin"``:
         :math:`\epsilon` (default 1). Tuned during tuning.
-    covariance : numpy.ndarray, optional
-        An estimate of the block's posterior covariance in the flat value
-        space (variables in block order, raveled), e.g. from a pilot run.
-        When given, it replaces the Laplace covariance :math:`M^{-1}` as the
-        random walk's preconditioner and the HMC mass matrix's inverse; the
-        surrogate is still fitted at the mode for the control variates. Use it
-        where the Laplace approximation misfits (many coefficients at a
-        support boundary).
-    path_length : float
-        ``"hmc"``: initial integration time (adapted during tuning, at most
-        this value); the number of leapfrog steps is
-        ``ceil(path_length / step size)``, at most 100.
-    tune_interval : int
-        Draws between scale updates during tuning (``"normal"``, ``"langevin"``).
     data : list of pm.Data, optional
         The per-observation data inputs (guessed when omitted).
-    audit_every : int or "auto"
-        Every ``audit_every``-th draw also makes the exact decisions for the same
-        proposals and :math:`u` (0: never). ``"auto"`` (default) audits within a
-        budget of 5% of the step's own time
-        (:class:`~pymc_subsample.steps.base.RacingStep`). The exact decision
-        compares :math:`\log u` with the difference of the model's own joint log
-        density (on the original data, independent of the race's terms) at
-        the proposal and the current point, plus :math:`c`. When the audited
-        error rate is significantly above ``delta`` the step warns, naming the
-        likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and decides
-        exactly for the rest of its run, from the joint log density when the
-        race's own sums were found not to be the model's.
-    reward_range : float, optional
-        Bound on the range of the raced rewards (see
-        :class:`~pymc_subsample.SubsampledCategoricalGibbs`).
-    exact_fraction : float or "auto"
-        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
+    race : RaceOptions, optional
+        How each race runs (:class:`~pymc_subsample.options.RaceOptions`);
+        its "auto" first batch is 50 here and its exact switch a quarter of
+        the data. ``RaceOptions(bound="exact")`` is plain MH on all :math:`N`
+        observations; ``"lilucb"`` and ``variance="marginal"`` are refused
+        (an accept test races two points on shared observations). The
+        back-off counts a race as given up when it evaluated at least half of
+        an exact decision's :math:`2N` terms (counted as ``n_evals`` counts
+        them), per dimension with ``elemwise``.
+    audit : AuditOptions, optional
+        How often a draw's decisions are checked against exact MH for the same
+        proposals and :math:`u` (:math:`\log u` against the difference of the
+        model's own joint log density, on the original data, at the proposal
+        and the current point, plus :math:`c`), and what a failed audit does
+        (:class:`~pymc_subsample.options.AuditOptions`).
+    proposal_options : ProposalOptions, optional
+        The proposals' tuning (:class:`~pymc_subsample.options.ProposalOptions`):
+        a covariance estimate that replaces the Laplace one (use it where the
+        Laplace approximation misfits, e.g. many coefficients at a support
+        boundary), the HMC path length (the number of leapfrog steps is
+        ``ceil(path_length / step size)``, at most 100), the tuning interval,
+        the Langevin gradient's batch and target acceptance, and ``elemwise``.
     control_variates : bool
         Race on the residuals :math:`l_n - h_n` (default). The surrogate is
         built whenever this is on or the proposal is ``"hmc"``. If the terms
         are not finite on the stencil (a support boundary), the step warns and
         races on the raw terms with a random walk. Ignored by the race with
-        ``bound="exact"`` (plain MH sums everything).
+        ``RaceOptions(bound="exact")`` (plain MH sums everything).
     expand_in : sequence of str, optional
         Deterministics of the block :math:`\phi = \phi(\theta)` (names) in which
         the control variates expand the terms instead of :math:`\theta`:
@@ -178,27 +164,13 @@ class RacingMetropolis(RacingStep):
         of :math:`\theta` (:class:`~pymc_subsample.mcmc.surrogate.CoordinateSurrogate`;
         the mode and the mass matrix stay those of :math:`\theta`). Requires
         ``control_variates``.
-    gradient_batch : int, optional
-        Mini-batch size of the Langevin gradient (default ``max(batch_size, 100)``).
-    elemwise : bool
-        Random walk only: propose and race one dimension at a time (in random
-        order, each with its own tuned scale), as ``pm.Metropolis`` does for
-        vector variables.
-    target_accept : float, optional
-        Acceptance rate the Langevin step size is tuned to (default 0.36).
-    backoff : bool
-        When most recent races gave up (they evaluated at least half of an
-        exact decision's :math:`2N` terms, counted as ``n_evals`` counts
-        them), make the next decisions exactly, without a race, in runs that
-        double (:class:`~pymc_subsample.mcmc.backoff.Backoff`, as the Gibbs step's
-        ``backoff``; per dimension with ``elemwise``). An exact decision is
-        exact, so this adds no error; where races cannot pay, a decision then
-        costs about what plain MH's does. Default True; False races every
-        decision.
-    batches, shuffle_every
-        See :class:`~pymc_subsample.SubsampledCategoricalGibbs`.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
+    **moved
+        Keywords that moved into the options objects (``bound``,
+        ``batch_size``, ``covariance``, ``elemwise``, ...): each raises a
+        ``TypeError`` that names its new place
+        (:func:`~pymc_subsample.options.reject_moved_keywords`).
 
     Notes
     -----
@@ -207,8 +179,11 @@ class RacingMetropolis(RacingStep):
     proposals accepted), ``scaling`` (step size or scale), ``n_evals``
     (per-observation evaluations: both points on each batch, each of the
     Taylor residual's three parts counted, or the stencil's points with the
-    stencil fallback; the warm-up's passes), ``frac_evals`` (``n_evals`` over :math:`2N` per
-    decision), ``exhausted``, ``n_decisions``, ``n_audited`` and ``n_wrong``
+    stencil fallback; the warm-up's passes), ``frac_evals`` (the share of the
+    :math:`N` observations a decision read, averaged over the draw's decisions:
+    1 for an exact decision; the same meaning in
+    :class:`~pymc_subsample.SubsampledCategoricalGibbs`), ``exhausted``,
+    ``n_decisions``, ``n_audited`` and ``n_wrong``
     (audited decisions and those that differed from exact MH: their sums over
     draws give the per-decision error rate), ``n_raced`` (decisions raced; the
     others were made exactly by the back-off), ``n_refits`` (recomputations
@@ -253,55 +228,54 @@ class RacingMetropolis(RacingStep):
         vars,
         *,
         delta: float = 0.05,
-        bound: str = "normal",
-        batch_size: int = 50,
         proposal: str | None = None,
         scaling: float | None = None,
-        covariance: np.ndarray | None = None,
-        path_length: float = 1.5,
-        tune_interval: int = 100,
         data=None,
-        audit_every: int | str = "auto",
-        reward_range: float | None = None,
-        exact_fraction: float | str = 0.25,
+        race: RaceOptions | None = None,
+        audit: AuditOptions | None = None,
+        proposal_options: ProposalOptions | None = None,
         control_variates: bool = True,
         expand_in=None,
-        gradient_batch: int | None = None,
-        target_accept: float | None = None,
-        elemwise: bool = False,
-        batches: str = "blocks",
-        shuffle_every: int | str = "auto",
-        backoff: bool = True,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **moved,
     ):
-        check_exact_fraction(exact_fraction)  # before the build: a mistake costs no compile
+        reject_moved_keywords(type(self).__name__, moved, ("race", "audit", "proposal_options"))
+        # before the build: a mistake costs no compile
+        race = options_or_default("race", race, RaceOptions)
+        audit = options_or_default("audit", audit, AuditOptions)
+        proposal_options = options_or_default("proposal_options", proposal_options, ProposalOptions)
         check_expand_in(expand_in)
-        if bound == "lilucb":
+        if race.bound == "lilucb":
             raise ValueError(
                 "bound='lilucb' races many arms one at a time; an accept test has two arms "
-                "that share their observations: use bound='normal' or 'ebs'"
+                "that share their observations: use race=RaceOptions(bound='normal') or 'ebs'"
             )
-        elemwise = check_bool("elemwise", elemwise, example=False)
+        if race.variance != "pairwise":
+            raise ValueError(
+                "an accept test races the difference of two points on shared observations: "
+                "its variance is 'pairwise'; leave RaceOptions.variance at its default"
+            )
+        # "auto" here: a first batch of 50 and the exact switch at a quarter of the data
+        race = replace(
+            race,
+            batch_size=50 if race.batch_size == "auto" else race.batch_size,
+            exact_fraction=0.25 if race.exact_fraction == "auto" else race.exact_fraction,
+        )
+        elemwise = proposal_options.elemwise
         control_variates = check_bool("control_variates", control_variates)
         check_choice("proposal", proposal, (*PROPOSALS, None))
         if proposal is None:
             proposal = "normal" if elemwise else "hmc"
         scaling = check_float("scaling", scaling, low=0.0, low_open=True, special=(None,))
-        path_length = check_float("path_length", path_length, low=0.0, low_open=True, example=1.5)
-        tune_interval = check_int("tune_interval", tune_interval, low=1, example=100)
-        gradient_batch = check_int(
-            "gradient_batch", gradient_batch, low=1, example=100, special=(None,),
-            why=" (None: the larger of batch_size and 100)",
-        )  # fmt: skip
-        target_accept = check_probability(
-            "target_accept", target_accept, example=0.36, special=(None,)
-        )
         if elemwise and proposal != "normal":
-            raise ValueError("elemwise=True needs proposal='normal' (the others move all at once)")
+            raise ValueError(
+                "ProposalOptions(elemwise=True) needs proposal='normal' (the others move all "
+                "at once)"
+            )
         import pymc as pm
 
         check_step_context(model, initial_point, compile_kwargs)
@@ -309,15 +283,9 @@ class RacingMetropolis(RacingStep):
         super().__init__(
             vars,
             delta=delta,
-            bound=bound,
-            batch_size=batch_size,
-            variance="pairwise",
-            audit_every=audit_every,
-            reward_range=reward_range,
+            race=race,
+            audit=audit,
             data=data,
-            batches=batches,
-            shuffle_every=shuffle_every,
-            backoff=backoff,
             model=model,
             rng=rng,
             initial_point=initial_point,
@@ -329,23 +297,15 @@ class RacingMetropolis(RacingStep):
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         self.dim = sum(self._sizes)
+        self.proposal_options = proposal_options
         self.covariance = None
-        if covariance is not None:
-            try:
-                cov = np.array(covariance, dtype=np.float64)
-            except (TypeError, ValueError) as err:
-                raise ArgumentTypeError(
-                    f"covariance must be a ({self.dim}, {self.dim}) array of numbers or None, "
-                    f"got {covariance!r}; e.g. covariance=np.eye({self.dim})"
-                ) from err
-            if (
-                cov.shape != (self.dim, self.dim)
-                or not np.isfinite(cov).all()
-                or not np.allclose(cov, cov.T)
-            ):
+        if proposal_options.covariance is not None:
+            cov = proposal_options.covariance  # a finite square float array
+            if cov.shape != (self.dim, self.dim) or not np.allclose(cov, cov.T):
                 raise ValueError(
                     f"covariance must be a finite symmetric ({self.dim}, {self.dim}) matrix, "
-                    f"got shape {cov.shape}; e.g. covariance=np.eye({self.dim})"
+                    f"got shape {cov.shape}; e.g. "
+                    f"proposal_options=ProposalOptions(covariance=np.eye({self.dim}))"
                 )
             try:
                 np.linalg.cholesky(cov)
@@ -354,9 +314,10 @@ class RacingMetropolis(RacingStep):
             self.covariance = 0.5 * (cov + cov.T)
         n_obs = self.terms.n_obs
         self._delta_share = 1.0  # of delta, for the races (race_delta): set after tuning
-        self._plan_races(exact_fraction, 2)
-        self._gradient_batch = gradient_batch
+        self._plan_races(2)
+        self._gradient_batch = gradient_batch = proposal_options.gradient_batch
         self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
+        target_accept = proposal_options.target_accept
         self.target_accept = 0.36 if target_accept is None else target_accept
         self.elemwise = elemwise
         self.control_variates = control_variates
@@ -368,12 +329,12 @@ class RacingMetropolis(RacingStep):
             self._to_coordinates, self._pullback, self._coordinate_shapes = (
                 self.terms.block_coordinates(self._coordinates, point)
             )
-        self.path_length = float(path_length)
+        self.path_length = float(proposal_options.path_length)
         self.user_scaling = scaling
         self.preconditioned = proposal == "hmc" or (
             proposal == "normal" and scaling is None and not elemwise
         )
-        self.tune_interval = int(tune_interval)
+        self.tune_interval = int(proposal_options.tune_interval)
         self.tune = True
         needs_surrogate = (
             self.preconditioned or self.control_variates or (self.elemwise and scaling is None)
@@ -1040,6 +1001,7 @@ class RacingMetropolis(RacingStep):
             "wrong": 0,
             "raced": 0,
             "refits": 0,
+            "rows": 0,
         }
         if self.elemwise:
             accepted = np.zeros(len(x), dtype=bool)
@@ -1076,7 +1038,7 @@ class RacingMetropolis(RacingStep):
             "accepted": float(np.mean(accepted)),
             "scaling": float(np.mean(self.scaling)),
             "n_evals": log["n_evals"],
-            "frac_evals": log["n_evals"] / (2.0 * self.terms.n_obs * n_decisions),
+            "frac_evals": log["rows"] / (self.terms.n_obs * n_decisions),
             "exhausted": log["exhausted"],
             "n_decisions": n_decisions,
             "n_audited": log["audited"],
@@ -1118,6 +1080,7 @@ class RacingMetropolis(RacingStep):
             log_alpha = float(joint[1] - joint[0] + extra)
             log_alpha = -np.inf if np.isnan(log_alpha) else log_alpha
             log["n_evals"] += 2 * n_obs
+            log["rows"] += n_obs
             log["exhausted"] = True
             return bool(log_u < log_alpha), float(np.exp(min(0.0, log_alpha)))
         exact_part = log_f0[1] - log_f0[0] + extra
@@ -1146,6 +1109,7 @@ class RacingMetropolis(RacingStep):
             log["raced"] += 1
             self._backoff.record(key, spent[0], 2 * n_obs)  # as n_evals counts, against 2N
         log["n_evals"] += spent[0]
+        log["rows"] += min(res.n_drawn, n_obs)
         log["exhausted"] |= res.exhausted
         if audit and config is not None:
             agree = self._audit(decision.accepted, cands, log_f0, extra, log_u, point)

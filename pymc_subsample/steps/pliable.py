@@ -61,8 +61,16 @@ from scipy import optimize, stats
 
 from ..model.conditional import BlockConditional
 from ..model.terms import continuous_value_vars
-from ..prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
-from ..validation import check_bool, check_choice, check_float, check_int, check_probability
+from ..options import reject_moved_keywords
+from ..prs import (
+    MAX_DIM,
+    MixtureProposal,
+    build_envelope,
+    check_envelope_settings,
+    draw,
+    refit_envelope,
+)
+from ..validation import check_bool, check_choice, check_int
 from .base import check_step_context, step_rng
 
 __all__ = ["PliableRejection"]
@@ -102,8 +110,15 @@ class PliableRejection(BlockedStep):
     n_init : int, optional
         Evaluations of the conditional per envelope build (default 1000 per
         dimension).
-    smoothness, delta : float
-        As in :class:`~pymc_subsample.prs.PliableRejectionSampler`.
+    smoothness : float
+        Smoothness :math:`s \in (0, 2]` of the conditional (Assumption 1 of
+        Erraqabi et al. 2016), as in
+        :class:`~pymc_subsample.prs.PliableRejectionSampler`.
+    envelope_error : float
+        The envelope's error level :math:`\delta \in (0, 1)` of Erraqabi et
+        al. (2016), the sampler's ``delta``: it sets the envelope's bandwidth
+        and floor rate. Not a per-draw error as the racing steps' ``delta``:
+        the step is exact whether or not the envelope bounds the conditional.
     refine : bool
         Refine each new envelope on its conditional (about ``3 * n_init`` more
         evaluations per build) before using it: fewer rejections afterwards.
@@ -116,6 +131,9 @@ class PliableRejection(BlockedStep):
         Proposals per step before the step gives up and stays put.
     model, rng, initial_point, compile_kwargs, blocked
         PyMC's step arguments.
+    **moved
+        ``delta``, renamed ``envelope_error``, raises a ``TypeError`` that
+        says so (:func:`~pymc_subsample.options.reject_moved_keywords`).
 
     Notes
     -----
@@ -172,7 +190,7 @@ class PliableRejection(BlockedStep):
         *,
         n_init: int | None = None,
         smoothness: float = 2.0,
-        delta: float = 0.01,
+        envelope_error: float = 0.01,
         refine: bool = False,
         max_dim: int = MAX_DIM,
         rebuild: str = "tune",
@@ -182,25 +200,20 @@ class PliableRejection(BlockedStep):
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **moved,
     ):
         import pymc as pm
 
+        reject_moved_keywords(type(self).__name__, moved, (), renamed={"delta": "envelope_error"})
         check_step_context(model, initial_point, compile_kwargs)
         model = pm.modelcontext(model)
         if initial_point is None:
             initial_point = model.initial_point()
         value_vars = continuous_value_vars(model, vars, "PliableRejection")
         check_choice("rebuild", rebuild, ("tune", "always"))
-        delta = check_probability("delta", delta, example=0.01)
-        smoothness = check_float(
-            "smoothness", smoothness, low=0.0, high=2.0, low_open=True, example=2.0,
-            why=" (the Hölder exponent of Assumption 1 of Erraqabi et al. 2016)",
-        )  # fmt: skip
-        n_init = check_int(
-            "n_init", n_init, low=10, example=1000, special=(None,),
-            why=" (None: 1000 per dimension)",
-        )  # fmt: skip
-        refine = check_bool("refine", refine, example=False)
+        n_init, smoothness, envelope_error, refine = check_envelope_settings(
+            n_init, smoothness, envelope_error, refine, delta_name="envelope_error"
+        )
         max_dim = check_int(
             "max_dim", max_dim, low=1, high=MAX_DIM, example=MAX_DIM,
             why=" (a tabulated envelope needs exponentially many cells in the dimension)",
@@ -226,7 +239,7 @@ class PliableRejection(BlockedStep):
         self.dim = self.conditional.dim
         self.n_init = 1000 * self.dim if n_init is None else n_init
         self.smoothness = smoothness
-        self.delta = delta
+        self.envelope_error = envelope_error
         self.refine = refine
         self.rebuild = rebuild
         self.max_proposals = max_proposals
@@ -341,7 +354,7 @@ class PliableRejection(BlockedStep):
             self.n_init,
             proposal=g,
             smoothness=self.smoothness,
-            delta=self.delta,
+            delta=self.envelope_error,
         )
         used = env.n_evaluations
         if self.refine:  # sharpen the envelope on this conditional before using it

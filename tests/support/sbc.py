@@ -41,6 +41,7 @@ import pymc as pm
 from scipy import optimize, stats
 
 from pymc_subsample import PliableRejection, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.options import AuditOptions, RaceOptions
 
 __all__ = [
     "PROBLEMS",
@@ -243,7 +244,7 @@ class OffsetGibbs(SubsampledCategoricalGibbs):
     """
 
     def __init__(self, vars, *, offset: float = 1.0, **kwargs):
-        kwargs.setdefault("audit_every", 0)
+        kwargs.setdefault("audit", AuditOptions(every=0))
         super().__init__(vars, **kwargs)
         self.offset = float(offset)
         log_f0 = self.terms.log_f0
@@ -269,7 +270,7 @@ class OffsetMetropolis(RacingMetropolis):
     """
 
     def __init__(self, vars, *, offset: float = 1.0, **kwargs):
-        kwargs.setdefault("audit_every", 0)
+        kwargs.setdefault("audit", AuditOptions(every=0))
         super().__init__(vars, **kwargs)
         self.offset = float(offset)
 
@@ -290,10 +291,10 @@ def selector_problem(n_obs: int = SELECTOR_N, seed: int = 0) -> Problem:
     three values and the races cannot decide early. The step is a Gibbs draw
     of the only free variable, so successive draws are independent.
 
-    Settings: ``defaults``; ``racing`` (``exact_fraction=1, batch_size=50``:
+    Settings: ``defaults``; ``racing`` (``RaceOptions(exact_fraction=1, batch_size=50)``:
     the race on its whole doubling schedule, as in Chen & Ghahramani 2016;
     the defaults decide exactly at this :math:`N`); ``exact``
-    (``bound="exact"``, the reference); ``broken`` (:class:`OffsetGibbs`,
+    (``RaceOptions(bound="exact")``, the reference); ``broken`` (:class:`OffsetGibbs`,
     one nat on :math:`k = 0`, racing as ``racing``).
 
     Parameters
@@ -321,7 +322,7 @@ def selector_problem(n_obs: int = SELECTOR_N, seed: int = 0) -> Problem:
                 return OffsetGibbs([model["k"]], offset=broken, **settings)
             return SubsampledCategoricalGibbs([model["k"]], **settings)
 
-    racing = {"exact_fraction": 1.0, "batch_size": 50}
+    racing = {"race": RaceOptions(exact_fraction=1.0, batch_size=50)}
     return Problem(
         "selector",
         model,
@@ -331,7 +332,7 @@ def selector_problem(n_obs: int = SELECTOR_N, seed: int = 0) -> Problem:
         {
             "defaults": {},
             "racing": racing,
-            "exact": {"bound": "exact"},
+            "exact": {"race": RaceOptions(bound="exact")},
             "broken": {"broken": 1.0, **racing},
         },
         tune=0,
@@ -345,7 +346,7 @@ def logistic_problem(n_obs: int = 3000, seed: int = 0) -> Problem:
     :math:`w \sim N(0, I_3)`, :math:`x_n \sim N(0, I_2)`,
     :math:`y_n \sim \text{Bernoulli}(\text{logit}^{-1}(w_0 + x_n^\top w_{1:}))`,
     :math:`N` = 3,000 (the design is simulated afresh each replication).
-    Settings: ``defaults``, ``exact`` (``bound="exact"``) and ``broken``
+    Settings: ``defaults``, ``exact`` (``RaceOptions(bound="exact")``) and ``broken``
     (:class:`OffsetMetropolis` with offset 10: a tilt that moves the
     posterior mean of :math:`w_0` by about half a posterior sd).
 
@@ -382,7 +383,11 @@ def logistic_problem(n_obs: int = 3000, seed: int = 0) -> Problem:
         {f"w[{i}]": (lambda p, i=i: p["w"][i]) for i in range(3)},
         simulate,
         make_step,
-        {"defaults": {}, "exact": {"bound": "exact"}, "broken": {"broken": 10.0}},
+        {
+            "defaults": {},
+            "exact": {"race": RaceOptions(bound="exact")},
+            "broken": {"broken": 10.0},
+        },
         tune=150,
         thin=3,
     )
