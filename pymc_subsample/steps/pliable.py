@@ -59,8 +59,8 @@ from pymc.step_methods.compound import BlockedStep, Competence
 from pymc.util import get_random_generator
 from scipy import optimize, stats
 
+from ..model.blocks import continuous_value_vars
 from ..model.conditional import BlockConditional
-from ..model.terms import continuous_value_vars
 from ..prs import MAX_DIM, MixtureProposal, build_envelope, draw, refit_envelope
 from ..validation import check_bool, check_choice, check_float, check_int, check_probability
 from .base import check_step_context, step_rng
