@@ -6,7 +6,8 @@ from . import (
     racing,
 )
 from .diagnostics import compare_runs
-from .model.terms import ModelSplitError, ObservationTerms
+from .model.blocks import ModelSplitError
+from .model.terms import ObservationTerms
 from .racing import RaceResult, race, sample_categorical
 from .steps.gibbs import SubsampledCategoricalGibbs
 from .steps.metropolis import RacingMetropolis

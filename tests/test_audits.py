@@ -49,8 +49,8 @@ def corrupt(step, shift: float = 0.1) -> None:
     The model's data (the pm.Data variable) stay as they are: only what the
     race and its own exact sums read is wrong.
     """
-    terms = step.terms
-    terms._permuted_values = [np.ascontiguousarray(v + shift) for v in terms._permuted_values]
+    copy = step.terms._copy  # the PermutedCopy whose arrays the race and its sums read
+    copy.values = [np.ascontiguousarray(v + shift) for v in copy.values]
 
 
 def first_exact(stats_list) -> int:

@@ -77,11 +77,11 @@ def steps(arch_like):
 
 def residual_parts(step, point):
     """Residuals on every observation and the shift that the race adds back, per candidate."""
-    terms = step.terms
+    expansion, n_obs = step.expansion, step.terms.n_obs
     cands = [step._values[0]]
-    res = terms.expansion_residual_batch(cands, slice(0, terms.n_obs), point, step._reference)
-    values, grads, hess = terms.expansion_sums(cands, point, step._reference)
-    delta = terms.expansion_step(point, step._reference)
+    res = expansion.residual_batch(cands, slice(0, n_obs), point, step._reference)
+    values, grads, hess = expansion.sums(step._reference, point, cands)
+    delta = expansion.delta(point, step._reference)
     shift = values + grads @ delta + 0.5 * np.einsum("kij,i,j->k", hess, delta, delta)
     return res, shift
 
@@ -98,7 +98,7 @@ def test_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_like, step
     np.testing.assert_allclose(res.sum(axis=1) + shift, exact, rtol=1e-10)
     # the coordinates are the coefficients, not z
     np.testing.assert_allclose(
-        step.terms.expansion_step(point, step._reference),
+        step.expansion.delta(point, step._reference),
         softplus_coefficients(point) - softplus_coefficients(reference),
     )
 
@@ -189,10 +189,9 @@ def test_mh_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_block, 
     theta = x + np.array([0.01, -0.005, -0.004])  # the last coefficient towards its boundary
     rows = step._to_coordinates(step._split(theta), point)[None]
     terms = step.terms
-    res = terms.taylor_residual_batch(
-        rows, cv.theta_ref, slice(0, terms.n_obs), point, step._coordinate_shapes,
-        step._coordinates,
-    )  # fmt: skip
+    res = step._coordinate_expansion.residual_batch(
+        rows, slice(0, terms.n_obs), point, cv.theta_ref
+    )
     exact = terms.loglik_sum(step._candidates(theta[None]), point)
     np.testing.assert_allclose(res.sum() + cv.total(rows), exact, rtol=1e-10)
     np.testing.assert_allclose(rows[0], C * np.logaddexp(0, theta / C))
@@ -225,7 +224,7 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     with model:
         in_alpha = RacingMetropolis([z], expand_in=["alpha"], audit=AuditOptions(every=1), rng=4)
         in_z = RacingMetropolis([z], audit=AuditOptions(every=1), rng=4)
-    gather, _, _ = in_alpha.terms._taylor_fns[True]
+    gather, _, _ = in_alpha._coordinate_expansion._fns
     assert gather is not None  # the races' residuals compiled with the step, not in a race
     _, st = mh_chain(in_alpha, model, 400)
     _, st_z = mh_chain(in_z, model, 400)

@@ -340,7 +340,7 @@ def test_logistic_regression_with_discrete_hyperparameter():
     point = model.initial_point()
     point["beta"] = np.array([0.08, 0.04, 0.05])
     probs = exact_conditional(model, "q", 4, point)
-    assert sorted(step.terms._input_names) == ["beta"]
+    assert sorted(step.terms.input_names) == ["beta"]
     assert {d.name for d in step.terms.data} == {"x", "y_data"}
     draws, _ = draw_many(step, point, 800, "q")
     assert_matches(draws, probs, 4)

@@ -14,6 +14,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
+from pymc_subsample.model.expansion import Expansion
 from pymc_subsample.model.terms import ObservationTerms
 
 N_OBS = 20_000
@@ -133,15 +134,16 @@ def test_windows_and_gathers_read_the_permuted_rows_after_set_data(model):
 @pytest.mark.parametrize("batches", ["blocks", "random"])
 def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
     """The exact Taylor sums, read in chunks of rows, are those of one pass over all rows."""
-    import pymc_subsample.model.terms as graph
+    import pymc_subsample.model.expansion as expansion_module
 
     terms = ObservationTerms(model, [model["beta"]], batches=batches)
     terms.shuffle(np.random.default_rng(0))
+    expansion = Expansion(terms, "block", shapes=[(3,)])
     point = model.initial_point()
     ref = np.array([0.4, -0.1, 0.2])
-    whole = terms.taylor_sums(ref, point, [(3,)])
-    monkeypatch.setattr(graph, "TAYLOR_CHUNK_ROWS", 3001)
-    chunked = terms.taylor_sums(ref, point, [(3,)])
+    whole = expansion.sums(ref, point)
+    monkeypatch.setattr(expansion_module, "TAYLOR_CHUNK_ROWS", 3001)
+    chunked = expansion.sums(ref, point)
     for a, b in zip(whole, chunked, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10)
     beta = ref[None, :]
@@ -154,7 +156,7 @@ def test_taylor_sums_in_chunks_are_the_whole_sums(model, batches, monkeypatch):
 
 def test_row_locality_check_reads_a_random_subset_of_rows_above_the_cap(monkeypatch):
     """Above LOCALITY_ROWS rows the check runs on that many rows: it still finds a lag."""
-    import pymc_subsample.model.terms as graph
+    import pymc_subsample.model.row_locality as graph
     from pymc_subsample import ModelSplitError
 
     monkeypatch.setattr(graph, "LOCALITY_ROWS", 500)

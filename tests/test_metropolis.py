@@ -372,20 +372,21 @@ def wide_regression():
 def test_taylor_residuals_sum_to_the_exact_remainder(wide_regression):
     model, mean, _ = wide_regression
     step = RacingMetropolis([model["b"]], model=model)
-    terms, shapes = step.terms, step._shapes
+    terms = step.terms
+    expansion = step._expansion  # the step's, compiled with it
     rng = np.random.default_rng(0)
     ref = mean + 0.01 * rng.normal(size=len(mean))
     thetas = ref + 0.05 * rng.normal(size=(3, len(mean)))
     point = model.initial_point()
-    value, grad, hess = terms.taylor_sums(ref, point, shapes)
-    residuals = terms.taylor_residual_batch(thetas, ref, slice(0, terms.n_obs), point, shapes)
+    value, grad, hess = expansion.sums(ref, point)
+    residuals = expansion.residual_batch(thetas, slice(0, terms.n_obs), point, ref)
     delta = thetas - ref
     taylor = value + delta @ grad + 0.5 * np.einsum("ki,ij,kj->k", delta, hess, delta)
     full = terms.loglik_sum([thetas], point)
     np.testing.assert_allclose(residuals.sum(axis=1), full - taylor, atol=1e-6)
     # gathered positions and a window read the same observations of the permutation
-    window = terms.taylor_residual_batch(thetas, ref, slice(10, 60), point, shapes)
-    gathered = terms.taylor_residual_batch(thetas, ref, np.arange(10, 60), point, shapes)
+    window = expansion.residual_batch(thetas, slice(10, 60), point, ref)
+    gathered = expansion.residual_batch(thetas, np.arange(10, 60), point, ref)
     np.testing.assert_allclose(window, gathered, atol=1e-10)
     # Gaussian terms are quadratic: the expansion is exact and every residual vanishes
     np.testing.assert_allclose(residuals, 0.0, atol=1e-8)

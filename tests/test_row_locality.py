@@ -8,8 +8,8 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.traversal import graph_inputs
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.model.blocks import per_observation, prior_points
 from pymc_subsample.model.row_locality import equivariance_failure, find_row_mixing
-from pymc_subsample.model.terms import _per_observation, prior_points
 
 N = 40
 RNG = np.random.default_rng(0)
@@ -146,7 +146,7 @@ LOCAL = [
 def _mixing_of(build):
     with pm.Model() as model:
         build()
-    total = sum(_per_observation(model.logp(vars=[rv], sum=False)[0]) for rv in model.observed_RVs)
+    total = sum(per_observation(model.logp(vars=[rv], sum=False)[0]) for rv in model.observed_RVs)
     data = [
         v
         for v in graph_inputs([total])

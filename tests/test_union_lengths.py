@@ -281,10 +281,9 @@ def test_an_expansion_in_a_deterministic_adds_up_over_two_lengths():
     theta = x + 0.2
     rows = step._to_coordinates(step._split(theta), point)[None]
     terms = step.terms
-    residuals = terms.taylor_residual_batch(
-        rows, surrogate.theta_ref, slice(0, terms.n_obs), point, step._coordinate_shapes,
-        step._coordinates,
-    )  # fmt: skip
+    residuals = step._coordinate_expansion.residual_batch(
+        rows, slice(0, terms.n_obs), point, surrogate.theta_ref
+    )
     exact = terms.loglik_sum(step._candidates(theta[None]), point)
     s = np.exp(theta[0])
     by_hand = stats.norm.logpdf(y1, 0.5, s).sum() + stats.norm.logpdf(y2, 0.5 * x2, 2 * s).sum()

@@ -235,7 +235,7 @@ class TaylorSurrogate(_QuadraticSum):
     + \tfrac12 \Delta^\top \nabla^2 l_n(\hat\theta) \Delta`, held only through
     its exact sums :math:`\hat L = \sum_n l_n(\hat\theta)`, :math:`G`, :math:`H`;
     the per-observation residuals are computed on each batch from the graph
-    (:meth:`pymc_subsample.model.terms.ObservationTerms.taylor_residual_batch`), so the
+    (:meth:`pymc_subsample.model.expansion.Expansion.residual_batch`), so the
     cost per observation does not grow with :math:`d` as a stencil's
     :math:`1 + d + d^2` points do.
 

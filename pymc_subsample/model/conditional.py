@@ -22,7 +22,7 @@ from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.traversal import graph_inputs
 
 from .batched import checks_to_switch
-from .terms import _as_value_vars, block_terms
+from .blocks import as_value_vars, block_terms
 
 __all__ = ["BlockConditional"]
 
@@ -49,7 +49,7 @@ class BlockConditional:
     """
 
     def __init__(self, model, vars, initial_point, compile_kwargs=None):
-        self.vars = _as_value_vars(model, vars)
+        self.vars = as_value_vars(model, vars)
         self.shapes = [np.shape(initial_point[v.name]) for v in self.vars]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
         self.dim = sum(self.sizes)

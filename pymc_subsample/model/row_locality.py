@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from pytensor.compile.builders import OpFromGraph
+from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Variable
-from pytensor.graph.traversal import toposort
+from pytensor.graph.traversal import graph_inputs, toposort
 from pytensor.raise_op import CheckAndRaise
 from pytensor.scan.op import Scan
 from pytensor.tensor.basic import Alloc, Join
@@ -38,7 +39,26 @@ from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
 from pytensor.tensor.sort import ArgSortOp, SortOp
 from pytensor.tensor.subtensor import AdvancedSubtensor, Subtensor
 
-__all__ = ["LAG_FIX", "RowMixing", "equivariance_failure", "find_row_mixing"]
+from .blocks import ModelSplitError
+
+__all__ = [
+    "LAG_FIX",
+    "LOCALITY_DRAWS",
+    "LOCALITY_ROWS",
+    "RowMixing",
+    "check_row_locality",
+    "equivariance_failure",
+    "find_row_mixing",
+    "not_local_error",
+]
+
+#: Draws from the prior at which :func:`check_row_locality` checks the terms (with the
+#: initial point).
+LOCALITY_DRAWS = 3
+
+#: Rows of the data on which :func:`check_row_locality` checks the terms (all of them when
+#: there are fewer).
+LOCALITY_ROWS = 2**16
 
 #: The fix named by every refusal of a model whose terms read other rows.
 LAG_FIX = (
@@ -381,3 +401,100 @@ def equivariance_failure(
     if differ(on(index[perm]), base[:, perm]):
         return "permuting the rows did not permute the terms"
     return None
+
+
+def check_row_locality(
+    rows_at: Callable[[dict], Callable], parts: list, points: Sequence[dict], refuse: Callable
+) -> None:
+    r"""Check numerically that the terms are row-local at each of ``points``.
+
+    At each point (the initial point and draws from the prior: a lag
+    coefficient at its initial value 0 hides the lag), the terms must be
+    permutation-equivariant in the rows and a subset's terms the full terms on
+    those rows (:func:`equivariance_failure`). This also catches what
+    :func:`find_row_mixing` leaves unverified, and inputs with :math:`N` rows
+    that are not indexed. Above :data:`LOCALITY_ROWS` rows the "full" data
+    are those rows drawn at random (in their order): terms that read other
+    rows (a lag, a statistic of the column) differ there too, and the check
+    holds no array of :math:`N` terms.
+
+    Parameters
+    ----------
+    rows_at : callable
+        ``rows_at(point)`` returns the terms at ``point`` as a function of
+        given rows (one array per per-observation input).
+    parts : list
+        The rows to check on, one list of arrays per group of observations
+        (checked apart); restricted in place above :data:`LOCALITY_ROWS`.
+    points : sequence of dict
+        The points.
+    refuse : callable
+        ``refuse(point, failure)`` raises for a failure (a description).
+    """
+    rng = np.random.default_rng(0)
+    for i, part in enumerate(parts):
+        n_part = len(part[0]) if part else 0
+        if n_part > LOCALITY_ROWS:  # the data restricted to random rows, kept in order
+            keep = np.sort(rng.choice(n_part, size=LOCALITY_ROWS, replace=False))
+            parts[i] = [r.take(keep, axis=0) for r in part]
+    for at in points:
+        evaluate = rows_at(at)
+        for part in parts:
+            try:
+                failure = equivariance_failure(evaluate, part, rng)
+            except Exception as err:  # the terms could not even be evaluated on a subset
+                failure = f"evaluating them on a subset failed ({type(err).__name__}: {err})"
+            if failure is not None:
+                refuse(at, failure)
+
+
+def not_local_error(
+    failure: str,
+    point: dict,
+    *,
+    observed: Sequence[str],
+    block: str,
+    input_names: Sequence[str],
+    counts: Sequence[int],
+    mixing: Sequence[RowMixing],
+    graph: Variable,
+    data: Sequence,
+    indexed: Sequence[str],
+) -> ModelSplitError:
+    """Return the refusal of terms that are not row-local, naming the likely cause and fix.
+
+    Per-observation latent variables (an input of ``point`` with one of
+    ``counts`` rows) are named first; else the graph's unverified operations
+    (``mixing``) and the shared inputs of ``graph`` read whole (not in
+    ``data``).
+    """
+    latent = [n for n in input_names if np.ndim(point[n]) >= 1 and np.shape(point[n])[0] in counts]
+    names = ", ".join(observed)
+    if latent:
+        return ModelSplitError(
+            f"the likelihood of {names} depends on per-observation "
+            f"latent variable(s) {latent}: their terms are not functions of {block} and the "
+            f"data alone ({failure}). Subsampling does not apply; marginalize them or use "
+            "exact steps"
+        )
+    unverified = [m.describe() for m in mixing]
+    detail = f" The graph has {'; '.join(unverified)}." if unverified else ""
+    foreign = [
+        f"{v.name!r} ({np.shape(v.get_value(borrow=True))[0]} rows)"
+        for v in graph_inputs([graph])
+        if isinstance(v, SharedVariable)
+        and np.ndim(v.get_value(borrow=True)) >= 1
+        and v not in data
+    ]
+    if foreign:
+        detail += (
+            f" Inputs read whole, not by observation: {', '.join(foreign)}; a slice of "
+            "one of them aligned with the observations is a lag."
+        )
+    return ModelSplitError(
+        f"the likelihood terms of {names} are not row-local: {failure} "
+        "at a draw from the prior, so term n reads more than row n of the data "
+        f"(indexed inputs: {list(indexed)}).{detail} If a per-observation "
+        "pm.Data input is missing from the indexed ones, pass data=[...] listing every one. "
+        + LAG_FIX
+    )

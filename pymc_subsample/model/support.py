@@ -39,7 +39,7 @@ from pytensor.tensor.random.basic import (
     PoissonRV,
 )
 
-from .terms import _depends_on
+from .blocks import depends_on
 
 __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
@@ -161,7 +161,7 @@ def _truncated_bounds(model, rv, op) -> tuple[int, int]:
 def _constant_bounds(model, rv, graphs, names: tuple[str, ...]) -> list[np.ndarray]:
     """Evaluate the graphs of ``rv``'s bounds; refuse bounds that depend on free variables."""
     in_values = model.replace_rvs_by_values(list(graphs))
-    free = [n for n, g in zip(names, in_values, strict=True) if _depends_on(g, model.value_vars)]
+    free = [n for n, g in zip(names, in_values, strict=True) if depends_on(g, model.value_vars)]
     if free:
         raise ValueError(
             f"the support of {rv.name!r} depends on another free variable (through its "

@@ -37,15 +37,10 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import graph_inputs
 
+from .blocks import ModelSplitError
 from .row_locality import RowMixing, find_row_mixing
 
 __all__ = ["UnionIndex"]
-
-
-def _split_error(message: str) -> Exception:
-    from .terms import ModelSplitError  # terms imports this module
-
-    return ModelSplitError(message)
 
 
 def _first_dim(var) -> int | None:
@@ -137,14 +132,14 @@ class UnionIndex:
             for d in data:
                 var = model[d] if isinstance(d, str) else d
                 if var not in assigned:
-                    raise _split_error(
+                    raise ModelSplitError(
                         f"data entry {getattr(var, 'name', d)!r} is not a per-observation input "
                         f"of any observed variable: its first dimension must be the number of "
                         f"observations of one of {self._describe(order)}, and that variable's "
                         "likelihood must read it"
                     )
         if 0 in order:
-            raise _split_error(
+            raise ModelSplitError(
                 f"observed variables depending on the block have different numbers of "
                 f"observations ({self._describe(order)}) and one has none: drop it from the "
                 "model, or give it its rows, before building the step"
@@ -189,7 +184,7 @@ class UnionIndex:
         else:
             found = [v for v in shared if _first_dim(v) == n_rows]
         if not found:
-            raise _split_error(
+            raise ModelSplitError(
                 f"no pm.Data input with {n_rows} rows was found in the likelihood of "
                 f"{', '.join(names)}: wrap the observed values (and per-observation "
                 "covariates) in pm.Data, or pass data=[...]"
@@ -276,7 +271,7 @@ class UnionIndex:
                     )
 
     def _refuse_padding(self, what: str) -> None:
-        raise _split_error(
+        raise ModelSplitError(
             "observed variables of different lengths are raced over the union of their rows "
             f"({self._describe(self.lengths)}), each padded to {self.n_obs} rows; here {what}. "
             "The number of observations of a likelihood must come from its pm.Data inputs "

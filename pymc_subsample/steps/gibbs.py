@@ -14,9 +14,9 @@ import numpy as np
 
 from ..mcmc.audit import scores_differ, zero_difference_share
 from ..mcmc.cost import compiled_look_cost
-from ..model.expansion_cache import ExpansionCache, inputs_key
+from ..model.blocks import check_expand_in, prior_points
+from ..model.expansion import Expansion
 from ..model.support import discrete_support
-from ..model.terms import check_expand_in, prior_points
 from ..options import AuditOptions, RaceOptions, options_or_default, reject_moved_keywords
 from ..racing import RaceResult, sample_categorical
 from ..racing.common import argmax_or_raise
@@ -146,7 +146,7 @@ class SubsampledCategoricalGibbs(RacingStep):
         the batch) with :math:`S_i + G_i^\top\Delta + \Delta^\top H_i
         \Delta/2` added to :math:`\log f_0(i)`. First order only when
         :math:`\psi` has more than
-        :data:`~pymc_subsample.model.terms.MAX_SECOND_ORDER_INPUTS` coordinates.
+        :data:`~pymc_subsample.model.expansion.MAX_SECOND_ORDER_INPUTS` coordinates.
         The decision is unchanged; the residuals are third order in
         :math:`\Delta` (second order above that size).
         ``True``: the reference is the current point, renewed whenever the
@@ -158,8 +158,8 @@ class SubsampledCategoricalGibbs(RacingStep):
         element. ``False`` (default): races on the raw terms.
     expand_in : sequence of str, optional
         Deterministics of the model in which to expand instead of the value
-        variables (:meth:`ObservationTerms.expand_in
-        <pymc_subsample.model.terms.ObservationTerms.expand_in>`): with
+        variables (:class:`~pymc_subsample.model.expansion.Expansion`, its
+        ``coordinates``): with
         :math:`\phi = \phi(\psi)`, the expansion above is in :math:`\phi` and
         :math:`\Delta = \phi(\psi) - \phi(\hat\psi)`. For parameters whose
         terms are smooth in a transformed value, e.g. ARCH coefficients
@@ -261,15 +261,14 @@ class SubsampledCategoricalGibbs(RacingStep):
         self.control_variates = control_variates is not False
         self._fixed_reference = None
         self._reference = None
-        self._expansion_cache = ExpansionCache()
+        self.expansion: Expansion | None = None  # of the terms in the other inputs
         self._check_expand_in(expand_in, "pass control_variates=True or a reference point as well")
         if not self.control_variates:
             return
-        if expand_in:
-            self.terms.expand_in(expand_in)
-        names = self.terms.expansion_inputs()
+        self.expansion = Expansion(self.terms, "inputs", expand_in or ())
+        names = self.expansion.names
         if not names:
-            self.terms._compile_expansion(self.initial_point)  # raises the error that explains why
+            self.expansion.compile(self.initial_point)  # raises the error that explains why
         if isinstance(control_variates, dict):
             missing = [n for n in names if n not in control_variates]
             if missing:
@@ -283,12 +282,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._renew_reference(self.initial_point)
 
     def _renew_reference(self, point) -> None:
-        names = self.terms.expansion_inputs()
+        names = self.expansion.names
         if self._fixed_reference is not None:
             self._reference = self._fixed_reference
         else:
             self._reference = {n: np.array(point[n], copy=True) for n in names}
-        self._expansion_cache.clear()
+        self.expansion.clear()
 
     def _shuffle(self) -> None:
         super()._shuffle()
@@ -302,17 +301,14 @@ class SubsampledCategoricalGibbs(RacingStep):
 
     def _batch_rewards(self, cands, positions, point) -> np.ndarray:
         if self.control_variates:
-            return self.terms.expansion_residual_batch(cands, positions, point, self._reference)
+            return self.expansion.residual_batch(cands, positions, point, self._reference)
         return super()._batch_rewards(cands, positions, point)
 
-    def _expansion_shift(self, key, cands, point) -> np.ndarray:
+    def _expansion_shift(self, cands, point) -> np.ndarray:
         r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate."""
         ref = self._reference
-        cached = self._expansion_cache.get(
-            key, lambda: self.terms.expansion_sums(cands, point, ref)
-        )
-        values, grads, hess = cached
-        step = self.terms.expansion_step(point, ref)
+        values, grads, hess = self.expansion.cached_sums(ref, point, cands)
+        step = self.expansion.delta(point, ref)
         shift = values + grads @ step
         if hess is not None:
             shift += 0.5 * np.einsum("kij,i,j->k", hess, step, step)
@@ -723,18 +719,15 @@ class SubsampledCategoricalGibbs(RacingStep):
     def _residual_race(self, j, k, cands, point, log_f0):
         """Callbacks and offsets of a race on the expansion's residuals (raw if unusable)."""
         terms = self.terms
-        floats = set(terms.expansion_inputs())
-        fixed = [np.asarray(point[n]) for n in terms._input_names if n not in floats]
-        key = inputs_key([*cands, *fixed], j, k)
-        shift = self._expansion_shift(key, cands, point)
+        shift = self._expansion_shift(cands, point)  # the sums keyed on every input they read
         raw_rewards = lambda arms, idx: terms.loglik_batch([c[arms] for c in cands], idx, point)  # noqa: E731
         raw_totals = lambda arms: terms.loglik_sum([c[arms] for c in cands], point)  # noqa: E731
         if not np.isfinite(shift[np.isfinite(log_f0)]).all():  # the reference is infeasible
             return raw_rewards, raw_totals, log_f0
-        ref = self._reference
+        ref, expansion = self._reference, self.expansion
 
         def rewards(arms, idx):
-            return terms.expansion_residual_batch([c[arms] for c in cands], idx, point, ref)
+            return expansion.residual_batch([c[arms] for c in cands], idx, point, ref)
 
         def totals(arms):
             return raw_totals(arms) - shift[arms]

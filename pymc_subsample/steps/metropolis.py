@@ -33,8 +33,9 @@ from ..mcmc.surrogate import (
     misfit_share,
     stencil_points,
 )
+from ..model.blocks import check_expand_in, continuous_value_vars, model_deterministics
+from ..model.expansion import Expansion
 from ..model.expansion_cache import ExpansionCache, inputs_key
-from ..model.terms import check_expand_in, continuous_value_vars, model_deterministics
 from ..options import (
     AuditOptions,
     ProposalOptions,
@@ -323,12 +324,16 @@ class RacingMetropolis(RacingStep):
         self.control_variates = control_variates
         self._coordinates, self._to_coordinates, self._pullback = [], None, None
         self._coordinate_shapes: list = []
+        #: the Taylor expansions of the terms in the block and in the expand_in Deterministics
+        self._expansion: Expansion | None = None
+        self._coordinate_expansion: Expansion | None = None
         self._check_expand_in(expand_in, "leave control_variates=True")
         if expand_in:
             self._coordinates = model_deterministics(self.model, expand_in)
-            self._to_coordinates, self._pullback, self._coordinate_shapes = (
-                self.terms.block_coordinates(self._coordinates, point)
-            )
+            cv = Expansion(self.terms, "block", self._coordinates, point=point)
+            self._coordinate_expansion = cv
+            self._to_coordinates, self._pullback = cv.coordinates_of, cv.pullback
+            self._coordinate_shapes = cv.shapes
         self.path_length = float(proposal_options.path_length)
         self.user_scaling = scaling
         self.preconditioned = proposal == "hmc" or (
@@ -346,10 +351,9 @@ class RacingMetropolis(RacingStep):
                     "expand_in: the terms cannot be differentiated twice, so there is no "
                     "Taylor expansion to make in the Deterministics; leave expand_in out"
                 )
-            self.terms._compile_taylor(self._coordinate_shapes, self._coordinates)
             # the races read this expansion: its gathered residuals compiled now, not in the
             # first race (seconds for a large graph, inside the sampler's clock)
-            self.terms._taylor_gather(True)
+            self._coordinate_expansion.compile(gather=True)
         self.reset_tuning()
 
     def _compile_taylor(self) -> bool:
@@ -362,9 +366,9 @@ class RacingMetropolis(RacingStep):
         (:math:`d^2 + 3d + 2` evaluations of every term).
         """
         try:
-            self.terms._compile_taylor(self._shapes)
-            if not self._coordinates:  # with expand_in the races read the other expansion
-                self.terms._taylor_gather()
+            self._expansion = Expansion(self.terms, "block", shapes=self._shapes)
+            # with expand_in the races read the other expansion: its residuals compiled below
+            self._expansion.compile(gather=not self._coordinates)
         except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
             if self.dim > _FULL_STENCIL_MAX_DIM:
                 warnings.warn(
@@ -534,7 +538,7 @@ class RacingMetropolis(RacingStep):
     ) -> tuple[QuadraticSurrogate | TaylorSurrogate, int]:
         n_obs = self.terms.n_obs
         if self._autodiff:  # exact value, gradient and Hessian of the sum, in one pass
-            value, grad, hess = self.terms.taylor_sums(x, point, self._shapes, window)
+            value, grad, hess = self._expansion.sums(x, point, window=window)
             if not (np.isfinite(value) and np.isfinite(hess).all()):
                 raise FloatingPointError("the log-likelihood is not finite at the reference")
             cost = (self.dim + 1) * (n_obs if window is None else min(window, n_obs))
@@ -748,8 +752,7 @@ class RacingMetropolis(RacingStep):
         Returns the terms evaluated.
         """
         ref = self._coordinates_at(mode, point)
-        shapes, coords = self._coordinate_shapes, self._coordinates
-        value, grad, hess = self.terms.taylor_sums(ref, point, shapes, coordinates=coords)
+        value, grad, hess = self._coordinate_expansion.sums(ref, point)
         if not (np.isfinite(value) and np.isfinite(hess).all()):
             raise FloatingPointError("the log-likelihood is not finite at the reference")
         self.coordinate_surrogate = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
@@ -796,7 +799,7 @@ class RacingMetropolis(RacingStep):
             :math:`(M^{-1}, L_M, L_{M^{-1}})`; the first two None when the sums
             are not finite there (the race then reads the raw terms).
         """
-        if not self.terms._input_names:  # the terms read the block and the data only
+        if not self.terms.input_names:  # the terms read the block and the data only
             return self.surrogate, self.coordinate_surrogate, self._mass()
         arrays = self.terms.other_arrays(point)
         key = inputs_key(arrays)
@@ -806,7 +809,7 @@ class RacingMetropolis(RacingStep):
             log["refits"] += 1
             last = self._last_inputs
             if last is not None:
-                names = self.terms._input_names
+                names = self.terms.input_names
                 self._moved_inputs.update(
                     n for n, a, b in zip(names, last, key, strict=True) if a != b
                 )
@@ -818,9 +821,7 @@ class RacingMetropolis(RacingStep):
         n_obs, sur, cv = self.terms.n_obs, self.surrogate, self.coordinate_surrogate
         if cv is not None:  # the race reads the expansion in the Deterministics only
             ref = cv.theta_ref
-            value, grad, hess = self.terms.taylor_sums(
-                ref, point, self._coordinate_shapes, coordinates=self._coordinates
-            )
+            value, grad, hess = self._coordinate_expansion.sums(ref, point)
             log["n_evals"] += (len(ref) + 1) * n_obs
             cv = TaylorSurrogate(ref, value, grad, 0.5 * (hess + hess.T))
             finite = np.isfinite(value) and np.isfinite(grad).all() and np.isfinite(hess).all()
@@ -888,7 +889,7 @@ class RacingMetropolis(RacingStep):
         if self._refit_count <= _REFIT_SHARE * watched:
             return
         self._refit_warned = True
-        moved = sorted(self._moved_inputs) or list(self.terms._input_names)
+        moved = sorted(self._moved_inputs) or list(self.terms.input_names)
         values = {v.name: v for v in self.model.value_vars}
         rvs = [self.model.values_to_rvs[values[n]] for n in moved]
         continuous = [rv.name for rv in rvs if rv.dtype.startswith("float")]
@@ -1134,16 +1135,13 @@ class RacingMetropolis(RacingStep):
 
             return rewards, np.zeros(2)
         if isinstance(sur, TaylorSurrogate):  # residuals from the graph's derivatives
-            rows, shapes, coords = pair, self._shapes, ()
+            rows, expansion = pair, self._expansion
             if coordinate_sur is not None:  # expanded in the Deterministics
-                sur, coords = coordinate_sur, self._coordinates
-                shapes = self._coordinate_shapes
+                sur, expansion = coordinate_sur, self._coordinate_expansion
                 rows = np.stack([self._coordinates_at(r, point) for r in pair])
 
             def rewards(arms, idx):
-                values = terms.taylor_residual_batch(
-                    rows[arms], sur.theta_ref, idx, point, shapes, coords
-                )
+                values = expansion.residual_batch(rows[arms], idx, point, sur.theta_ref)
                 spent[0] += 3 * values.size  # value, first and second derivative per arm
                 return values
 

@@ -59,8 +59,8 @@ from pymc.step_methods.compound import BlockedStep, Competence
 from pymc.util import get_random_generator
 from scipy import optimize, stats
 
+from ..model.blocks import continuous_value_vars
 from ..model.conditional import BlockConditional
-from ..model.terms import continuous_value_vars
 from ..options import reject_moved_keywords
 from ..prs import (
     MAX_DIM,
