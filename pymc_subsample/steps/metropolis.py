@@ -238,16 +238,10 @@ class RacingMetropolis(RacingStep):
     :attr:`regime`).
 
     The terms may read other value variables :math:`\psi` that other steps
-    move. The exact sums of :math:`h_n` hold for one value of :math:`\psi`,
-    and a race reads its residuals at the current one, so the sums are kept
-    per value of :math:`\psi` (:class:`~pymc_subsample.model.expansion_cache.ExpansionCache`)
-    and recomputed with a full pass at a value not among the last few seen
-    (with Newton steps that move the reference where :math:`\psi` moved the
-    block's mode away from it); the proposal's surrogate and mass matrix are
-    those at :math:`\psi` too. Where :math:`\psi` changes at most draws (a
-    continuous variable sampled by another step), each draw pays that pass:
-    the step stays right up to :math:`\delta` but saves little, and warns,
-    naming the inputs to put in its block.
+    move: the control variates' sums are then kept per value of :math:`\psi`
+    and refitted at new ones (:mod:`~pymc_subsample.mcmc.laplace`); where
+    :math:`\psi` changes at most draws, the step warns, naming the inputs to
+    put in its block.
     """
 
     _state_class = RacingMetropolisState
