@@ -187,7 +187,7 @@ def test_mh_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_block, 
     cv = step.coordinate_surrogate
     assert cv is not None
     theta = x + np.array([0.01, -0.005, -0.004])  # the last coefficient towards its boundary
-    rows = step._to_coordinates(step._split(theta), point)[None]
+    rows = step.fit.coordinates_at(theta, point)[None]
     terms = step.terms
     res = step._coordinate_expansion.residual_batch(
         rows, slice(0, terms.n_obs), point, cv.theta_ref
@@ -235,12 +235,12 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     # residuals; 0.08 with backoff=False, whose raced tuning draws estimate the acceptance
     # it tunes to)
     assert accepted > 0.85 and accepted_z < 0.7, (accepted, accepted_z)
-    assert in_z._raw_races and not in_alpha._raw_races
+    assert in_z.fit.raw_races and not in_alpha.fit.raw_races
     wrong = sum(s["n_wrong"] for s in st)
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong
     # the leapfrog's gradient is that of the surrogate it integrates
     point = model.initial_point()
-    sur = in_alpha._proposal_surrogate(point)
+    sur = in_alpha.fit.proposal_surrogate(point)
     x = in_alpha._flatten([point["z"]]) + np.array([0.003, -0.002, -0.01])
     eye = 1e-6 * np.eye(3)
     fd = [(sur.total(x + e)[0] - sur.total(x - e)[0]) / 2e-6 for e in eye]
@@ -265,12 +265,12 @@ def test_mh_expansion_not_finite_at_the_reference_falls_back_to_the_value_variab
     def not_finite(mode, point):  # as a Deterministic's expansion with a NaN Hessian would
         raise FloatingPointError("the log-likelihood is not finite at the reference")
 
-    step._fit_coordinate_surrogate = not_finite
+    step.fit.fit_coordinate_surrogate = not_finite
     with pytest.warns(UserWarning, match="expand_in dropped"):
         _, st = mh_chain(step, model, 400)
     assert step.coordinate_surrogate is None and step.surrogate is not None
     point = model.initial_point()
-    assert step._proposal_surrogate(point) is step.surrogate  # the expansion in z
+    assert step.fit.proposal_surrogate(point) is step.surrogate  # the expansion in z
     wrong = sum(s["n_wrong"] for s in st)
     assert sum(s["n_audited"] for s in st) == 300
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong  # error <= delta

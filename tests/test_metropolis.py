@@ -7,7 +7,9 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import RacingMetropolis
+from pymc_subsample.mcmc.regime import REGIME_REASONS, Regime
 from pymc_subsample.options import AuditOptions, ProposalOptions, RaceOptions
+from pymc_subsample.steps.metropolis import RacingMetropolisState
 from support.models import logistic_data, logistic_model
 
 # race on the whole schedule (the default exact_fraction would go exact at once for
@@ -323,8 +325,11 @@ def test_control_variates_fall_back_with_a_warning_at_a_support_boundary():
         point["theta_log__"] = np.log(y.max() + 1e-9)
         with pytest.warns(UserWarning, match="control variates turned off"):
             point, _ = step.step(point)
-        point, _ = step.step(point)  # carries on without them
+        point, (st,) = step.step(point)  # carries on without them
     assert np.isfinite(point["theta_log__"])
+    # the proposal chosen stays readable; the one in use says why it differs
+    assert step.proposal == "hmc" and step.regime == Regime("normal", False, "no_surrogate")
+    assert st["regime"] == REGIME_REASONS.index("no_surrogate") and step.scaling == 0.5
 
 
 def test_default_settings_keep_the_audited_error_within_delta(logistic):
@@ -416,18 +421,24 @@ def test_hmc_that_is_never_accepted_falls_back_to_a_random_walk(logistic):
     with model:
         step = RacingMetropolis([model["a"], model["b"]], rng=4)
     point = model.initial_point()
-    point, _ = step.step(point)  # fits the surrogate: the HMC proposal is ready
-    assert step.proposal == "hmc" and step._dual is not None
-    with pytest.warns(UserWarning, match="falls back to a random walk"):
+    point, (st,) = step.step(point)  # fits the surrogate: the HMC proposal is ready
+    assert step.regime == Regime("hmc", True) and st["regime"] == 0
+    with pytest.warns(UserWarning, match="falls back to a random walk") as caught:
         for _ in range(100):  # a hundred rejections in tuning
             step._tune_step(np.array([False]), np.array([0.0]))
-    assert step.proposal == "normal" and step._dual is None
+    assert len(caught) == 1  # one warning
+    # the chosen proposal stays readable; the one in use is recorded with its reason
+    assert step.proposal == "hmc"
+    assert step.regime == Regime("normal", True, "hmc_rejected")
     moved = 0
     for _ in range(50):  # the preconditioned random walk moves and keeps tuning
-        new, _ = step.step(point)
+        new, (st,) = step.step(point)
+        assert st["regime"] == REGIME_REASONS.index("hmc_rejected")
         moved += not np.array_equal(new["b"], point["b"])
         point = new
     assert moved > 5
+    step.setup_chain(np.random.default_rng(1), tune=10, draws=10)  # kept in the next chain
+    assert step.regime.reason == "hmc_rejected" and step.scaling == 2.38 / np.sqrt(step.dim)
 
 
 def test_a_given_covariance_preconditions_the_random_walk_and_draws_match(wide_regression):
@@ -443,7 +454,7 @@ def test_a_given_covariance_preconditions_the_random_walk_and_draws_match(wide_r
             4000, tune=1000, chains=2, cores=1, step=step, random_seed=5,
             progressbar=False, compute_convergence_checks=False,
         )  # fmt: skip
-    np.testing.assert_allclose(step._chol_cov @ step._chol_cov.T, 0.5 * (given + given.T))
+    np.testing.assert_allclose(step.fit.chol_cov @ step.fit.chol_cov.T, 0.5 * (given + given.T))
     draws = idata.posterior["b"].values.reshape(-1, len(mean))
     ess = az.ess(idata, var_names=["b"])["b"].values
     assert ess.min() > 50
@@ -486,3 +497,39 @@ def test_backoff_makes_decisions_exactly_where_races_give_up_and_keeps_the_law(l
     assert backing["n_raced"].values.mean() < 0.3  # most decisions exact, without a race
     assert backing["frac_evals"].values.mean() < 1.05
     assert_posteriors_agree(runs[True], nuts, ["b", "a"])
+
+
+@pytest.mark.parametrize("proposal", ["hmc", "normal"])
+def test_a_restored_sampling_state_gives_the_same_next_draws(proposal):
+    """sampling_state holds everything a draw changes: restored, the next draws repeat."""
+    x, y = logistic_data(5_000, seed=1, a=0.3, beta=np.array([1.0, -0.5]))
+    model = logistic_model(x, y)
+    with model:
+        step = RacingMetropolis([model["b"], model["a"]], proposal=proposal, rng=3)
+    step.setup_chain(np.random.default_rng(5), tune=100, draws=10)
+    start = model.initial_point()
+    for _ in range(30):  # into tuning: scale, step size, path length have moved
+        start, _ = step.step(start)
+    state = step.sampling_state
+    assert isinstance(state, RacingMetropolisState)
+
+    def run(n):
+        point, out = start, []
+        for _ in range(n):
+            point, (st,) = step.step(point)
+            out.append((point["b"].copy(), float(point["a"]), st["scaling"], st["n_evals"]))
+        return out
+
+    first = run(25)
+    assert len({tuple(b) for b, *_ in first}) > 3  # the chain moves
+    assert step.sampling_state.n_steps == state.n_steps + 25
+    step.sampling_state = state
+    for (b1, *rest1), (b2, *rest2) in zip(first, run(25), strict=True):
+        np.testing.assert_array_equal(b1, b2)
+        assert rest1 == rest2
+    if proposal == "hmc":  # the tuned step size and path length are in the state
+        assert state.hmc_adaptation.accept_n == 30
+        assert type(state.hmc_adaptation.step_size).__name__ == "DualAveragingState"
+        assert 0.05 <= state.hmc_adaptation.path <= step.path_length
+    else:
+        assert state.steps_until_tune == step.tune_interval - 30

@@ -173,7 +173,7 @@ def test_coefficients_beside_a_gibbs_selector_of_the_scale_match_the_exact_mixtu
     # the sums are refitted once for each scale the chain reaches, then found in the cache
     # (once more after tuning when a refit in tuning moved the reference)
     assert int(idata.sample_stats["n_refits"].sum()) <= len(SCALES) - 1
-    assert 1 <= step._expansions.n_refits <= 2 * (len(SCALES) - 1)
+    assert 1 <= step.fit.expansions.n_refits <= 2 * (len(SCALES) - 1)
 
 
 def test_nothing_refits_when_no_other_input_moves(normal_data):
@@ -184,7 +184,7 @@ def test_nothing_refits_when_no_other_input_moves(normal_data):
         step = RacingMetropolis([mu])
         idata = pm.sample(200, tune=100, chains=1, step=step, random_seed=3, **SAMPLE)
     assert int(idata.sample_stats["n_refits"].sum()) == 0
-    assert step._expansions.n_refits == 0
+    assert step.fit.expansions.n_refits == 0
 
 
 # -- a slope and a scale beside NUTS on group intercepts ----------------------------------

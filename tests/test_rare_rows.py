@@ -87,11 +87,11 @@ def _tune(model, n_tune):
 def test_a_piecewise_linear_likelihood_races_on_the_raw_terms_and_says_so():
     with pytest.warns(UserWarning, match="miss the terms' differences entirely"):
         step = _tune(_laplace_model(3000), 5)
-    assert step._raw_races
+    assert step.fit.raw_races
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no such warning for a smooth model
         step = _tune(_normal_model(3000), 5)
-    assert not step._raw_races
+    assert not step.fit.raw_races
 
 
 def test_race_delta_follows_the_acceptance_of_tuning():

@@ -279,7 +279,7 @@ def test_an_expansion_in_a_deterministic_adds_up_over_two_lengths():
     surrogate = step.coordinate_surrogate
     assert surrogate is not None
     theta = x + 0.2
-    rows = step._to_coordinates(step._split(theta), point)[None]
+    rows = step.fit.coordinates_at(theta, point)[None]
     terms = step.terms
     residuals = step._coordinate_expansion.residual_batch(
         rows, slice(0, terms.n_obs), point, surrogate.theta_ref
