@@ -115,7 +115,7 @@ def test_change_point_races_keep_sparse_values_to_the_exact_pass_and_audits_agre
     Candidates differ on at most 20 rows: batches of 50 rarely see them. On the
     old code the races went wrong and the audits blamed heavy tails; the races
     now keep values with sparse differences to their exact pass
-    (``racing.race.sparse_arms``), so every audit agrees, nothing switches, and
+    (``racing.state.sparse_arms``), so every audit agrees, nothing switches, and
     the draws match enumeration. (The audits' "sparse" diagnosis, for races
     that go wrong some other way, is tested on the classifier.)
     """

@@ -69,6 +69,61 @@ def test_compiled_race_makes_the_python_race_decisions(spread, variance, n_obs):
         np.testing.assert_array_equal(got.means, expected.means)
 
 
+@pytest.mark.parametrize("variance", ["pairwise", "marginal"])
+def test_compiled_look_makes_the_python_update_on_random_states(variance):
+    """A compiled look (``look_state``) equals ``SharedRace.update``, on random inputs.
+
+    Random arms, offsets, reward range and heavy-tailed batches, some with a
+    -inf reward, looked at from ``init`` until the race decides or gives up:
+    after every look the two states agree (survivors, statistics, means of
+    the dropped arms, counts), and the compiled status says what the Python
+    driver would do next (decided, give up, rescue, go on).
+    """
+    from pymc_subsample.racing import SharedRace
+    from pymc_subsample.racing.packed import ALL_MINUS_INF, DECIDED, EXACT_PASS, look_state
+
+    rng = np.random.default_rng(3)
+    seen = {DECIDED: 0, EXACT_PASS: 0, ALL_MINUS_INF: 0, "dropped": 0, "-inf": 0}
+    for _ in range(80):
+        d = int(rng.integers(2, 9))
+        config = RaceConfig(
+            batch_size=int(rng.choice([50, 200])), variance=variance, batches="blocks",
+            exact=ExactSwitch.after_size(6400), reward_range=None if rng.random() < 0.7 else 8.0,
+        )  # fmt: skip
+        kernel = SharedRace(config, d, 100_000, rng.normal(size=d) * 1e-3)
+        centres = rng.normal(size=d) * rng.choice([1e-3, 3e-2, 0.3])
+        python = compiled = kernel.init()
+        for size in kernel.look_sizes[:-1]:
+            m = size - python.n_drawn
+            rewards = rng.standard_t(4, size=(d, m)) + centres[:, None]
+            if rng.random() < 0.08:
+                rewards[rng.integers(d), rng.integers(m)] = -np.inf
+                seen["-inf"] += 1
+            batch = np.ascontiguousarray(rewards[python.alive])
+            python = kernel.update(python, batch)
+            compiled, status = look_state(kernel, compiled, batch)
+            assert not python.sparse
+            for name in ("alive", "n_drawn", "ref", "n_ref", "n_evaluations", "n_rounds", "winner"):
+                np.testing.assert_array_equal(getattr(compiled, name), getattr(python, name))
+            np.testing.assert_array_equal(compiled.rows[:3], python.rows[:3])
+            np.testing.assert_array_equal(compiled.means, python.means)
+            seen["dropped"] += int(np.isfinite(python.means).any())
+            if len(python.alive) == 0:
+                expected = ALL_MINUS_INF
+            elif python.winner >= 0:
+                expected = DECIDED
+            elif kernel.can_give_up and kernel.hopeless(python):
+                expected = EXACT_PASS
+            else:
+                expected = -1
+            assert status == expected
+            if status >= 0:
+                seen[status] += 1
+                break
+    assert seen[DECIDED] > 5 and seen[EXACT_PASS] > 5 and seen["dropped"] > 5, seen
+    assert seen["-inf"] > 3, seen
+
+
 def test_block_rows_grow_with_n_keeping_many_blocks():
     from pymc_subsample.racing.schedule import MIN_BLOCKS, block_rows
 
@@ -134,20 +189,20 @@ def large_selector():
 
 
 class _SameDraws(np.random.Generator):
-    """A stand-in for ``rng`` that serves the lean path's bulk seeds one at a time.
+    """A stand-in for ``rng`` that serves the compiled races' bulk seeds one at a time.
 
-    The compiled step's lean path takes its Gumbel noise and its race seeds
-    from ``rng`` in blocks of :data:`~pymc_subsample.steps.gibbs.LEAN_BUFFER`, each
-    when it runs out; the general path reads the same noise buffer but takes
-    one seed per race. Fed this object, the general path sees the same noise
-    and seeds as a lean path fed ``np.random.default_rng(seed)``.
+    A lone scalar takes its Gumbel noise from ``rng`` in blocks of
+    :data:`~pymc_subsample.steps.gibbs.DRAW_BUFFER`, and so do its compiled
+    races' seeds; a Python race takes one seed per race. Fed this object, the
+    Python driver sees the same noise and seeds as the compiled driver fed
+    ``np.random.default_rng(seed)``.
     """
 
     def __init__(self, seed, n_cat):
-        from pymc_subsample.steps.gibbs import LEAN_BUFFER
+        from pymc_subsample.steps.gibbs import DRAW_BUFFER
 
         super().__init__(np.random.PCG64(0))
-        self._rng, self._n_cat, self._size = np.random.default_rng(seed), n_cat, LEAN_BUFFER
+        self._rng, self._n_cat, self._size = np.random.default_rng(seed), n_cat, DRAW_BUFFER
         self._seeds, self.n_noise, self.n_seeds = [], 0, 0
 
     @property
@@ -155,7 +210,7 @@ class _SameDraws(np.random.Generator):
         return self
 
     def gumbel(self, size):
-        assert size == (self._size, self._n_cat)  # the lean buffer, which both paths read
+        assert size == (self._size, self._n_cat)  # the noise buffer, which both drivers read
         self.n_noise += self._size
         return self._rng.gumbel(size=size)
 
@@ -167,7 +222,7 @@ class _SameDraws(np.random.Generator):
 
 
 def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
-    """The lean compiled step and the general Python step make the same draws.
+    """The compiled driver and the Python driver of the step make the same draws.
 
     Same noise, same race seeds (:class:`_SameDraws`): the same values, terms
     and looks at each of 150 draws that drop, give up and decide.
@@ -202,13 +257,14 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
 @pytest.mark.parametrize("shape", [(1003,), (1003, 3)])
 def test_block_gather_matches_the_expanded_positions(shape):
     """Copying whole blocks gives the rows of the expanded positions (the last block cut)."""
-    from pymc_subsample.racing.schedule import BLOCK_ROWS, _expand_blocks, _gather_blocks
+    from pymc_subsample.racing.draws import expand_blocks, gather_blocks
+    from pymc_subsample.racing.schedule import BLOCK_ROWS
 
     data = np.arange(np.prod(shape), dtype=float).reshape(shape)
     n_blocks = -(-shape[0] // BLOCK_ROWS)
     ids = np.array([n_blocks - 1, 0, 7, 3], dtype=np.int64)
-    expected = data[_expand_blocks(ids, BLOCK_ROWS, shape[0])]
-    got = _gather_blocks(data, ids, BLOCK_ROWS, shape[0])
+    expected = data[expand_blocks(ids, BLOCK_ROWS, shape[0])]
+    got = gather_blocks(data, ids, BLOCK_ROWS, shape[0])
     assert got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
 
@@ -237,7 +293,7 @@ def tied_selector():
     """Three values with nearly identical terms (weighted by the prior), two far off.
 
     Their differences are tiny but nonzero on every row: values with identical terms on most
-    rows have sparse differences, which go to an exact pass (``racing.race.sparse_arms``).
+    rows have sparse differences, which go to an exact pass (``racing.state.sparse_arms``).
     """
     rng = np.random.default_rng(4)
     with pm.Model() as model:
@@ -250,10 +306,10 @@ def tied_selector():
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["whole", "chunked"])
 @pytest.mark.parametrize("case", ["diffuse", "tied"])
-def test_lean_compiled_step_draws_the_exact_conditional(
+def test_compiled_step_draws_the_exact_conditional(
     large_selector, tied_selector, case, chunked, monkeypatch
 ):
-    """The lean path's draws (no audits, no back-off) follow the conditional by enumeration.
+    """Compiled races' draws (no audits, no back-off) follow the conditional by enumeration.
 
     "diffuse": three values share the mass with log-likelihoods about a nat
     apart, so most races end in the exact pass. "tied": three values have the
@@ -287,7 +343,7 @@ def test_lean_compiled_step_draws_the_exact_conditional(
     assert step._compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
     draws, st = draw_many(step, point, 1500, "q")
     assert_matches(draws, probs, 5)
-    assert hasattr(step, "_lean_noise")  # the lean path drew them
+    assert hasattr(step, "_noise_buffer")  # drawn in bulk
     assert all(s["n_raced"] == 1 for s in st)
     # draws that cost less than half an exact draw: races decided on a subsample, or given
     # up with two values left (tied: 451 of 1,500 with GIVE_UP_MARGIN = 1.5, 873 with 1.0,
@@ -315,7 +371,8 @@ def test_exact_outcome_decides_as_finish():
     (rows above 4 sd), which its looks rarely meet, so that some exact passes
     see a -inf sum: then ``exact_outcome`` returns None and ``finish`` decides.
     """
-    from pymc_subsample.racing.compiled import EXACT_PASS, CompiledRace
+    from pymc_subsample.racing.compiled import CompiledRace
+    from pymc_subsample.racing.packed import EXACT_PASS
 
     n_obs = 200_000
     data = np.random.default_rng(2).normal(size=n_obs)
@@ -345,10 +402,10 @@ def test_exact_outcome_decides_as_finish():
     assert cases["finite"] > 5 and cases["-inf"] > 0, cases
 
 
-def test_lean_compiled_step_audits_its_races(large_selector):
-    """Audits of compiled races run on the lean path, and they see a wrong decision.
+def test_compiled_step_audits_its_races(large_selector):
+    """Compiled races are audited, and the audits see a wrong decision.
 
-    Every draw is audited (``audit_every=1``), none leaves the lean path, and
+    Every draw is audited (``audit_every=1``), every race is compiled, and
     the audited error rate is within delta; with the race's value replaced by
     another one, every audit of a raced draw disagrees.
     """
@@ -365,19 +422,18 @@ def test_lean_compiled_step_audits_its_races(large_selector):
             audit=AuditOptions(every=1),
         )
     assert step._compiled
-    step._step = lambda p, audit: pytest.fail("the general path")
+    race, compiled_races = step._race_compiled, []
+    step._race_compiled = lambda o, p, seed=None: compiled_races.append(1) or race(o, p, seed)
     _, st = draw_many(step, point, 300, "q")
     assert all(s["n_raced"] == 1 and s["audit_agree"] >= 0 for s in st)
-    assert step.n_audits == 300
+    assert step.n_audits == 300 and len(compiled_races) == 300
     assert stats.binom.sf(step.n_disagreements - 1, 300, step.delta) > 1e-3
 
-    race = step._lean_race
-
-    def wrong_race(offsets, p):
-        value, *rest = race(offsets, p)
+    def wrong_race(offsets, p, seed=None):
+        value, *rest = race(offsets, p, seed)
         return ((value + 1) % 5, *rest)
 
-    step._lean_race = wrong_race
+    step._race_compiled = wrong_race
     with pytest.warns(UserWarning, match="audited decisions differed"):
         _, st = draw_many(step, point, 50, "q")
     # the race's own value is exact but for about delta of the draws: then the shifted
@@ -411,18 +467,18 @@ def test_every_audit_is_timed():
             audit=AuditOptions(every=1),
         )
     assert step._compiled
-    race, clock, clocked, free = step._lean_race, step._audit_clock, [], []
+    race, clock, clocked, free = step._race_compiled, step._audit_clock, [], []
 
     def counted_clock():
         clocked.append(1)
         return clock()
 
-    def recorded_race(offsets, p):
-        out = race(offsets, p)
-        free.append(out[-1] is not None)
+    def recorded_race(offsets, p, seed=None):
+        out = race(offsets, p, seed)
+        free.append(out[4] is not None)  # the sums, when the race computed them all
         return out
 
-    step._audit_clock, step._lean_race = counted_clock, recorded_race
+    step._audit_clock, step._race_compiled = counted_clock, recorded_race
     _, st = draw_many(step, model.initial_point(), 200, "q")
     n_free = sum(free)
     assert 20 < n_free < 200 and len(clocked) == 200, (n_free, len(clocked))

@@ -692,11 +692,11 @@ def test_control_variates_keep_the_conditional_and_cut_the_terms(
     assert used < 0.5 * used_raw, (used, used_raw)
 
 
-def test_control_variate_steps_back_off_on_the_lean_path():
-    """Back-off draws of a lone scalar with control variates are exact, lean draws.
+def test_control_variate_steps_back_off_to_exact_draws():
+    """Back-off draws of a lone scalar with control variates are exact draws.
 
     The back-off is set to last (its trigger is tested above); the draws must
-    match enumeration and skip the general path, with its expansion.
+    match enumeration, each one exact draw, and never use the expansion.
     """
     rng = np.random.default_rng(8)
     n_obs = 4000
@@ -712,9 +712,9 @@ def test_control_variate_steps_back_off_on_the_lean_path():
             [q], control_variates={"mu": np.full(4, 0.4)}, rng=5, race=replace(RACE, backoff=True)
         )
     step._backoff.state[(0, 0)] = [64, 10**6, 1.0]  # every draw exact from here
-    lean, calls = step._lean_step, []
-    step._lean_step = lambda p, audit: calls.append(1) or lean(p, audit)
-    step._step = lambda p, audit: pytest.fail("the general path")
+    exact, calls = step._exact_draw, []
+    step._exact_draw = lambda *args: calls.append(1) or exact(*args)
+    step._residual_race = lambda *args: pytest.fail("a race on the expansion")
     draws, st = draw_many(step, point, 1500, "q")
     assert_matches(draws, probs, 4)
     assert len(calls) == 1500 and all(s["n_raced"] == 0 for s in st)

@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 
 from pymc_subsample import SubsampledCategoricalGibbs
-from pymc_subsample.racing import RaceConfig
-from pymc_subsample.racing.race import SPARSE_SHARE, race_exact, race_shared, sparse_arms
+from pymc_subsample.racing import RaceConfig, race_exact, race_shared
+from pymc_subsample.racing.state import SPARSE_SHARE, sparse_arms
 
 
 def test_sparse_arms_flags_arms_equal_to_the_leader_on_most_rows():

@@ -45,7 +45,7 @@ __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
 #: Most candidate values :math:`D` a variable may have. A draw holds arrays of
 #: :math:`D` entries (per-candidate race state, Gumbel noise for
-#: :data:`~pymc_subsample.steps.gibbs.LEAN_BUFFER` draws at a time), and an exact pass
+#: :data:`~pymc_subsample.steps.gibbs.DRAW_BUFFER` draws at a time), and an exact pass
 #: evaluates every candidate on chunks of at least 1,024 rows, with intermediates of
 #: :math:`D \times 1024` floats (80 MB at this bound); its time grows as :math:`D N`.
 MAX_CATEGORIES = 10_000

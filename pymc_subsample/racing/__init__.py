@@ -2,9 +2,16 @@
 
 Pure NumPy/SciPy and Numba (no PyMC import). The module layers, bottom up:
 :mod:`~pymc_subsample.racing.common` (result type and checks),
-:mod:`~pymc_subsample.racing.bounds`, :mod:`~pymc_subsample.racing.schedule`
-and :mod:`~pymc_subsample.racing.kernels`, the races
-(:mod:`~pymc_subsample.racing.race`, :mod:`~pymc_subsample.racing.lilucb`,
+:mod:`~pymc_subsample.racing.bounds`, :mod:`~pymc_subsample.racing.draws`
+(compiled draws without replacement), :mod:`~pymc_subsample.racing.schedule`
+(schedules and index streams) and :mod:`~pymc_subsample.racing.kernels` (a
+look's compiled statistics); :mod:`~pymc_subsample.racing.config` (a race's
+settings and plan) and :mod:`~pymc_subsample.racing.state` (the race's state
+machine: init, update, finish); its two drivers,
+:mod:`~pymc_subsample.racing.race` (Python, with the one-call :func:`race`)
+and :mod:`~pymc_subsample.racing.compiled` (one compiled call per race, its
+state packed in two arrays: :mod:`~pymc_subsample.racing.packed`); the
+other races (:mod:`~pymc_subsample.racing.lilucb`,
 :mod:`~pymc_subsample.racing.independent`), and the samplers built on them
 (:func:`sample_categorical`, :func:`mh_test`, :func:`residual_callbacks`).
 """
@@ -19,11 +26,12 @@ from .bounds import (
     union_threshold,
 )
 from .common import BOUNDS, VARIANCES, RaceResult
+from .config import RaceConfig, RacePlan
 from .gumbel import sample_categorical
 from .independent import race_independent
 from .lilucb import lil_ucb
 from .mh import MHDecision, mh_test
-from .race import RaceConfig, RaceState, SharedRace, race, race_exact, race_shared
+from .race import race, race_exact, race_shared
 from .residuals import Residuals, residual_callbacks
 from .schedule import (
     CyclicWindows,
@@ -34,6 +42,7 @@ from .schedule import (
     random_positions,
     skip_taken,
 )
+from .state import RaceState, SharedRace
 
 __all__ = [
     "BOUNDS",
@@ -46,6 +55,7 @@ __all__ = [
     "MHDecision",
     "NormalBound",
     "RaceConfig",
+    "RacePlan",
     "RaceResult",
     "RaceState",
     "Residuals",

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..validation import check_int
 from .common import RaceResult, RewardFn, TotalsFn, check_hooks, validate_race_args
-from .race import RaceConfig, race, race_shared
+from .config import RaceConfig
+from .race import race, race_shared
 
 __all__ = ["sample_categorical"]
 

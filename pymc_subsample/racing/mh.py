@@ -19,7 +19,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .common import RaceResult, RewardFn, TotalsFn
-from .race import RaceConfig, race_exact, race_shared
+from .config import RaceConfig
+from .race import race_exact, race_shared
 
 __all__ = ["MHDecision", "mh_test"]
 

@@ -1,26 +1,33 @@
-"""Mini-batch schedules and index draws without replacement.
+"""Mini-batch schedules and index streams without replacement.
 
 The race of Chen & Ghahramani (2016, Alg. 1) looks at the data at cumulative sample sizes
 ``T(1) < T(2) < ... < T(t*) = N``. This module builds that schedule, draws
 the indices without replacement at a cost proportional to the batch
-(:class:`IndexStream`), or reads them as contiguous windows of a randomly
-permuted population (:class:`CyclicWindows`), and holds the policy that ends a
-race with one exact pass (:class:`ExactSwitch`).
+(:class:`IndexStream`, through the compiled draws of
+:mod:`~pymc_subsample.racing.draws`), or reads them as whole random blocks
+(:class:`RandomBlocks`) or contiguous windows (:class:`CyclicWindows`) of a
+randomly permuted population, and holds the policy that ends a race with one
+exact pass (:class:`ExactSwitch`).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._numba_cache import njit_cached
 from ..validation import check_int
+from .draws import (
+    STAMP_LIMIT,
+    claim_bitmap,
+    draw_sorted,
+    expand_blocks,
+    fresh_blocks,
+    new_seed,
+    unmark,
+)
 
 __all__ = [
-    "claim_bitmap",
-    "new_seed",
     "BLOCK_ROWS",
     "MAX_BLOCK_ROWS",
     "MIN_BLOCKS",
@@ -127,171 +134,6 @@ def doubling_schedule(n_obs: int, batch_size: int) -> np.ndarray:
 #: Share of a population an :class:`IndexStream` with a bitmap draws by rejection (then lists).
 REJECTION_SHARE = 0.75
 
-#: Populations up to this size get a reusable per-thread bitmap of drawn indices (N/8 bytes).
-STAMP_LIMIT = 1 << 31
-_local = threading.local()
-
-
-@njit_cached()
-def _draw_fresh(bits, n, k, state):  # pragma: no cover - compiled
-    r"""Draw ``k`` values of ``range(n)`` not marked in ``bits``, uniformly, and mark them.
-
-    Rejection sampling on uniform candidates from a SplitMix64 stream started
-    at ``state[0]`` (a candidate is :math:`\lfloor n u \rfloor`, :math:`u` on 53
-    bits): the first ``k`` new distinct values, in draw order, are a
-    uniformly random ``k``-subset of the unmarked ones. ``state`` (one
-    uint64) is advanced in place, so that the next draw of the same race
-    continues the sequence.
-    """
-    out = np.empty(k, dtype=np.int64)
-    x = state[0]
-    scale = float(n) / 9007199254740992.0  # n / 2**53
-    got = 0
-    while got < k:
-        x += np.uint64(0x9E3779B97F4A7C15)
-        z = x
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-        c = min(np.int64(float(z >> np.uint64(11)) * scale), n - 1)
-        word = c >> 3
-        bit = np.uint8(1 << (c & 7))
-        if bits[word] & bit == 0:
-            bits[word] |= bit
-            out[got] = c
-            got += 1
-    state[0] = x
-    return out
-
-
-@njit_cached()
-def _bucket_sorted(idx, n):  # pragma: no cover - compiled
-    """Return ``idx`` ordered by its high bits (a counting sort on about ``len(idx)`` buckets).
-
-    Nearly sorted in linear time: a gather in this order reads the rows
-    front to back, which is what sorting buys.
-    """
-    k = len(idx)
-    shift = 0
-    while (n >> shift) > k:
-        shift += 1
-    nb = (n >> shift) + 1
-    counts = np.zeros(nb + 1, dtype=np.int64)
-    for c in idx:
-        counts[(c >> shift) + 1] += 1
-    for b in range(nb):
-        counts[b + 1] += counts[b]
-    out = np.empty(k, dtype=np.int64)
-    for c in idx:
-        b = c >> shift
-        out[counts[b]] = c
-        counts[b] += 1
-    return out
-
-
-@njit_cached()
-def _draw_sorted(bits, n, k, state):  # pragma: no cover - compiled
-    """:func:`_draw_fresh`, then bucket-sorted (:func:`_bucket_sorted`) above 512 values."""
-    ids = _draw_fresh(bits, n, k, state)
-    if k > 512:
-        ids = _bucket_sorted(ids, n)
-    return ids
-
-
-@njit_cached()
-def _expand_blocks(ids, block, n):  # pragma: no cover - compiled
-    """Positions of blocks ``ids``, block after block, the last block cut at ``n``."""
-    out = np.empty(len(ids) * block, dtype=np.int64)
-    return out[: _write_blocks(ids, block, n, out)]
-
-
-@njit_cached()
-def _write_blocks(ids, block, n, out):  # pragma: no cover - compiled
-    """Write the positions of blocks ``ids`` (as :func:`_expand_blocks`) into ``out``; count."""
-    j = 0
-    for i in ids:
-        for p in range(i * block, min(i * block + block, n)):
-            out[j] = p
-            j += 1
-    return j
-
-
-@njit_cached()
-def _gather_blocks(data, ids, block, n):  # pragma: no cover - compiled
-    """Rows of ``data`` in blocks ``ids``, block after block, the last block cut at ``n``.
-
-    The same rows as ``data[_expand_blocks(ids, block, n)]``, copied block by
-    block from the C-contiguous ``data`` (about twice as fast).
-    """
-    total = 0
-    for i in ids:
-        total += min(block, n - i * block)
-    flat = data.reshape(-1)
-    width = flat.size // n if n > 0 else 1
-    out = np.empty(total * width, dtype=data.dtype)
-    j = 0
-    for i in ids:
-        stop = min(i * block + block, n) * width
-        for p in range(i * block * width, stop):
-            out[j] = flat[p]
-            j += 1
-    return out.reshape((total,) + data.shape[1:])
-
-
-@njit_cached()
-def _fresh_blocks(bits, n_blocks, k, state, block, n):  # pragma: no cover - compiled
-    """Draw ``k`` unmarked blocks (:func:`_draw_fresh`, bucket-sorted above 512) and expand them.
-
-    One compiled call for what :class:`IndexStream` and :class:`RandomBlocks`
-    do in three; returns one array, the positions and then the ``k`` block
-    ids (one array boxed for Python instead of two).
-    """
-    ids = _draw_sorted(bits, n_blocks, k, state)
-    out = np.empty(k * block + k, dtype=np.int64)
-    j = _write_blocks(ids, block, n, out)
-    out[j : j + k] = ids
-    return out[: j + k]
-
-
-@njit_cached()
-def _unmark(bits, idx):  # pragma: no cover - compiled
-    for c in idx:
-        bits[c >> 3] &= np.uint8(255 - (1 << (c & 7)))
-
-
-def _bitmap_entry(n: int) -> list:
-    """Per-thread ``[bits, last stream]`` for a population of size ``n``."""
-    pool = getattr(_local, "pool", None)
-    if pool is None:
-        pool = _local.pool = {}
-    entry = pool.get(n)
-    if entry is None:
-        if sum(len(e[0]) for e in pool.values()) + n // 8 > STAMP_LIMIT // 4:
-            pool.clear()
-        entry = pool[n] = [np.zeros(n // 8 + 1, dtype=np.uint8), None]
-    return entry
-
-
-def claim_bitmap(n: int, owner=None) -> list:
-    """Return the per-thread bitmap entry of size ``n``, cleared of its last owner's draws.
-
-    The previous owner (an :class:`IndexStream`) is the last stream that drew
-    from it; ``owner`` becomes the new one (None: a caller that unmarks its own
-    draws when done, as a compiled race does).
-    """
-    entry = _bitmap_entry(n)
-    bits, previous = entry
-    if previous is not None:
-        for chunk in previous._chunks:
-            _unmark(bits, chunk)
-    entry[1] = owner
-    return entry
-
-
-def new_seed(rng: np.random.Generator) -> np.ndarray:
-    """Return a fresh SplitMix64 state: 64 raw bits of ``rng`` (cheaper than ``integers``)."""
-    return np.array([rng.bit_generator.random_raw()], dtype=np.uint64)
-
 
 class IndexStream:
     r"""Uniformly random indices of ``range(n)`` drawn without replacement, in batches.
@@ -300,7 +142,7 @@ class IndexStream:
     (sorted when large, which makes gathers of data rows cache-friendly), so
     the first ``k`` indices drawn are a uniformly random ``k``-subset. New
     indices are found by rejection against the drawn ones: with
-    ``reuse_stamps`` and :math:`N \le` :data:`STAMP_LIMIT` through a
+    ``reuse_stamps`` and :math:`N \le` :data:`~.draws.STAMP_LIMIT` through a
     per-thread bitmap of the drawn indices, reused by every race and cleared of
     the previous race's indices when the next one starts (one compiled pass;
     at most 4 candidates per new index while up to three quarters of the
@@ -346,19 +188,47 @@ class IndexStream:
         return self._chunks[0]
 
     def new_seed(self) -> np.ndarray:
-        """Return a fresh SplitMix64 state for this stream (:func:`new_seed`)."""
+        """Return a fresh SplitMix64 state for this stream (:func:`~.draws.new_seed`)."""
         return new_seed(self.rng)
+
+    def release(self, bits: np.ndarray) -> None:
+        """Unmark this stream's draws in the bitmap ``bits`` (its next owner clears it so)."""
+        for chunk in self._chunks:
+            unmark(bits, chunk)
+
+    def take_blocks(self, k: int, block: int, n_rows: int) -> np.ndarray | None:
+        """Draw ``k`` new indices as blocks of ``block`` rows and expand them, in one call.
+
+        The common case of :meth:`RandomBlocks.take`: while the stream draws
+        through its bitmap (below :data:`REJECTION_SHARE` of its population),
+        the ``k`` fresh block ids are drawn as :meth:`take` draws them and
+        returned as the positions of their rows (``n_rows`` in all, the last
+        block cut there). Returns None, having drawn nothing, past that regime.
+        """
+        if (
+            self._entry is None
+            or self._rest is not None
+            or self.n_drawn + k > REJECTION_SHARE * self.n
+        ):
+            return None
+        if self._seed is None:
+            self._seed = self.new_seed()
+        out = fresh_blocks(self._entry[0], self.n, k, self._seed, block, n_rows)
+        self._chunks.append(out[-k:])
+        self.n_drawn += k
+        return out[:-k]
 
     def _stamped(self, k: int) -> np.ndarray:
         """Draw ``k`` fresh indices by rejection against the bitmap of drawn ones.
 
-        One compiled call (:func:`_draw_fresh`), seeded once per stream from ``rng``: the
-        first ``k`` new distinct candidates are kept, a uniformly random
-        ``k``-subset of the indices not drawn before.
+        One compiled call (:func:`~pymc_subsample.racing.draws.draw_fresh`),
+        seeded once per stream from ``rng``: the first ``k`` new distinct
+        candidates are kept, a uniformly random ``k``-subset of the indices
+        not drawn before.
         """
         if self._seed is None:  # one seed per stream; later draws continue its sequence
             self._seed = self.new_seed()
-        return _draw_sorted(self._entry[0], self.n, k, self._seed)
+        return draw_sorted(self._entry[0], self.n, k, self._seed)
 
     def take(self, k: int) -> np.ndarray:
         """Draw ``k`` new indices, distinct from all earlier ones.
@@ -527,19 +397,9 @@ class RandomBlocks:
         if k <= 0:
             return np.empty(0, dtype=np.int64)
         b = self.block
-        blocks = self._blocks
         want = -(-k // b)
-        if (
-            blocks._entry is not None
-            and blocks._rest is None
-            and blocks.n_drawn + want <= REJECTION_SHARE * blocks.n
-        ):  # the common case: one compiled call
-            if blocks._seed is None:
-                blocks._seed = blocks.new_seed()
-            out = _fresh_blocks(blocks._entry[0], blocks.n, want, blocks._seed, b, self.n)
-            pos = out[:-want]
-            blocks._chunks.append(out[-want:])
-            blocks.n_drawn += want
+        pos = self._blocks.take_blocks(want, b, self.n)  # the common case: one compiled call
+        if pos is not None:
             if len(pos) >= k:
                 self.n_drawn += len(pos)
                 return pos
@@ -549,7 +409,7 @@ class RandomBlocks:
         while got < k:
             left = self.n_blocks - self._blocks.n_drawn
             ids = self._blocks.take(min(max(-(-(k - got) // b), 1), left))
-            pos = _expand_blocks(ids, b, self.n)
+            pos = expand_blocks(ids, b, self.n)
             parts.append(pos)
             got += len(pos)
         self.n_drawn += got

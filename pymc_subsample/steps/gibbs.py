@@ -18,10 +18,11 @@ from ..model.blocks import check_expand_in, prior_points
 from ..model.expansion import Expansion
 from ..model.support import discrete_support
 from ..options import AuditOptions, RaceOptions, options_or_default, reject_moved_keywords
-from ..racing import RaceResult, sample_categorical
+from ..racing import sample_categorical
 from ..racing.common import argmax_or_raise
-from ..racing.compiled import DECIDED, EXACT_PASS, CompiledRace, supports
-from ..racing.race import sparse_arms
+from ..racing.compiled import CompiledRace, supports
+from ..racing.packed import DECIDED, EXACT_PASS
+from ..racing.state import sparse_arms
 from ..validation import ArgumentTypeError
 from .base import (
     AUDIT_AGREE,
@@ -33,15 +34,13 @@ from .base import (
 __all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
 
 #: Populations from this size on race in one compiled call per draw where they can
-#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built in about 2 s with the
-#: step); smaller ones race in Python (at N = 10^4 a Python look's bookkeeping, some
-#: 70 µs, cost more than its terms; below it the defaults mostly decide exactly).
+#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built with the step);
+#: smaller ones race in Python (there a Python look's bookkeeping costs more than its
+#: terms; below it the defaults mostly decide exactly).
 COMPILED_MIN_OBS = 10_000
-#: Draws of Gumbel noise and race seeds the lean path of a lone scalar takes from ``rng``
-#: at a time (one call instead of two per draw).
-LEAN_BUFFER = 64
-#: Back-off key (block element) of a lone scalar.
-LONE_KEY = (0, 0)
+#: Draws of Gumbel noise and compiled-race seeds a lone scalar takes from ``rng`` at a
+#: time (one call instead of two per draw).
+DRAW_BUFFER = 64
 
 
 def _draw_stats(
@@ -242,12 +241,12 @@ class SubsampledCategoricalGibbs(RacingStep):
         #: Each variable's candidate values (its support); a race's winner is an index into them.
         self._values = [discrete_support(self.model, v, self.initial_point) for v in self.vars]
         self.n_categories = [len(values) for values in self._values]
-        #: One scalar variable: the lean path (:meth:`_lean_step`) can draw it.
+        #: One scalar variable: its candidates are its values, its noise drawn in bulk.
         self._lone = len(self.vars) == 1 and np.size(self.initial_point[self.vars[0].name]) == 1
-        self._lone_name = self.vars[0].name
         self._lone_points = [np.array(v) for v in self._values[0]]  # its values, as a point has
-        self._lean_at = self._lean_seed_at = LEAN_BUFFER  # the lean path's bulk draws: none left
-        self._lean_offsets = None  # (log f0 + noise) / N of the lean buffer's rows
+        self._lone_cands = [self._values[0]]
+        self._noise_at = self._seed_at = DRAW_BUFFER  # bulk draws of noise and seeds: none left
+        self._offset_buffer = None  # (log f0 + noise) / N of the noise buffer's rows
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
         self._set_control_variates(control_variates, expand_in)
@@ -314,12 +313,109 @@ class SubsampledCategoricalGibbs(RacingStep):
             shift += 0.5 * np.einsum("kij,i,j->k", hess, step, step)
         return shift
 
-    @staticmethod
-    def _exact_draw(log_f0, totals, noise, n_obs):
-        """Exact Gumbel-max draw: argmax of log f0 + sum_n log f_n + noise, in one pass."""
+    # -- one draw ---------------------------------------------------------------------
+
+    def _draw(self, point, audit):
+        r"""Redraw every element of the block in turn; return the new point and the stats.
+
+        One path for every draw: each element's candidates and :math:`\log f_0`
+        (:meth:`_candidates`), then :meth:`_draw_element`, exact or raced.
+        """
+        if self.control_variates and getattr(self, "_renew_on_next_draw", False):
+            self._renew_reference(point)
+            self._renew_on_next_draw = False
+        point = dict(point)
+        n_obs = self.terms.n_obs
+        exact_mode = self.audit_exact  # as at the draw's start
+        n_evals = n_rounds = rows = n_decisions = n_raced = 0
+        exhausted, agree = False, True
+        for j, var in enumerate(self.vars):
+            # a lone scalar has one element, whose candidates are the values themselves
+            flat = None if self._lone else np.asarray(point[var.name]).ravel().copy()
+            for k in range(1 if flat is None else flat.size):
+                cands, log_f0 = self._candidates(j, k, flat, point)
+                value, evals, rounds, ended, raced, verdict, read = self._draw_element(
+                    (j, k), cands, log_f0, point, audit
+                )
+                if flat is None:
+                    point[var.name] = self._lone_points[value].copy()
+                else:  # the winner is an index into the values
+                    flat[k] = self._values[j][value]
+                    point[var.name] = flat.reshape(np.shape(point[var.name]))
+                n_evals += evals
+                n_rounds += rounds
+                exhausted |= ended
+                n_raced += raced
+                agree &= verdict != AUDIT_DISAGREE
+                rows += read
+                n_decisions += 1
+        verdict = (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
+        stats = _draw_stats(
+            n_evals, rows, n_obs * n_decisions, n_rounds, exhausted, n_raced, verdict, exact_mode
+        )
+        return point, [stats]
+
+    def _candidates(self, j: int, k: int, flat, point) -> tuple[list, np.ndarray]:
+        r"""Return the candidates and :math:`\log f_0` of element ``k`` of variable ``j``.
+
+        Each candidate is the current value of every variable of the block,
+        with element ``k`` of variable ``j`` set to one of its values; a lone
+        scalar's candidates are its values (:math:`\log f_0` cached when
+        constant, :meth:`_lone_log_f0`).
+        """
+        if flat is None:
+            return self._lone_cands, self._lone_log_f0(point)
+        n_cat = self.n_categories[j]
+        current = [np.asarray(point[v.name]) for v in self.vars]
+        cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
+        cand_j = np.repeat(flat[None], n_cat, axis=0)
+        cand_j[:, k] = self._values[j]
+        cands[j] = cand_j.reshape((n_cat, *current[j].shape))
+        return cands, self.terms.log_f0(cands, point)
+
+    def _draw_element(self, key, cands, log_f0, point, audit) -> tuple:
+        """Draw one element by Gumbel-max: exactly, or by a race (then back-off and audit).
+
+        Returns ``(value, n_evals, n_rounds, exhausted, n_raced, audit_agree, rows)``,
+        ``rows`` the observations the decision read (:math:`N` for an exact one).
+        Exact when every decision is (:attr:`decides_exactly`) or the
+        back-off says so (:class:`~pymc_subsample.mcmc.backoff.Backoff`).
+        """
+        noise = self._noise(len(log_f0))
+        if self.decides_exactly or self._backoff.take(key):
+            value, n_evals = self._exact_draw(cands, log_f0, noise, point)
+            return value, n_evals, 1, True, 0, AUDIT_NOT_RUN, self.terms.n_obs
+        value, n_evals, n_rounds, exhausted, sums, rows = self._race(
+            key, cands, log_f0, noise, point
+        )
+        # did it pay, or did most candidates reach the exact pass?
+        self._backoff.record(key, n_evals, self.terms.n_obs * len(log_f0))
+        verdict = AUDIT_NOT_RUN
+        if audit:  # the exact decision for the same noise, from the model's joint density
+            totals = None if sums is None else sums.__getitem__
+            verdict = self._audit(value, cands, log_f0, noise, point, totals)
+        return value, n_evals, n_rounds, exhausted, 1, verdict, rows
+
+    def _exact_draw(self, cands, log_f0, noise, point) -> tuple[int, int]:
+        r"""Exact Gumbel-max draw: ``(value, n_evals)``, the one exact draw of the step.
+
+        :math:`\arg\max_i \log f_0(i) + \sum_n \log f_n(i) + \varepsilon_i` over
+        the candidates of finite :math:`\log f_0`, the sums in one fused pass;
+        from the model's joint log density instead (:meth:`_joint_scores`)
+        when audits found the terms wrong.
+        """
+        n_obs = self.terms.n_obs
+        if self._exact_independent:  # our terms were found wrong
+            score = self._joint_scores(cands, point) + noise
+            return argmax_or_raise(score), n_obs * len(score)
+        if self._all_finite(log_f0):  # the usual case: every candidate, no checks
+            score = log_f0 + self.terms.loglik_sum(cands, point) + noise
+            if np.isfinite(score).all():
+                return int(score.argmax()), n_obs * len(score)
         feasible = np.flatnonzero(np.isfinite(log_f0))
         score = np.full(len(log_f0), -np.inf)
-        score[feasible] = log_f0[feasible] + totals(feasible) + noise[feasible]
+        sums = self.terms.loglik_sum([c[feasible] for c in cands], point)
+        score[feasible] = log_f0[feasible] + sums + noise[feasible]
         if np.isnan(score).any() or np.isposinf(score).any():
             raise ValueError("the log-likelihood terms summed to NaN or +inf for some candidate")
         if not np.isfinite(score).any():
@@ -327,70 +423,81 @@ class SubsampledCategoricalGibbs(RacingStep):
                 "every candidate has a -inf log density: the conditional is zero everywhere "
                 "(check the model and the initial point)"
             )
-        value = int(np.argmax(score))
-        n_evals = n_obs * len(feasible)
-        return value, RaceResult(value, n_evals, 1, True, n_obs, score / n_obs)
+        return int(np.argmax(score)), n_obs * len(feasible)
 
-    def _draw(self, point, audit):
-        """Redraw every element of the block; return the new point and the stats."""
-        if self._exact_independent:  # audits found our terms wrong: the model's joint density
-            return self._step(dict(point), audit)
-        # exact draws (back-off ones too) need no audit nor control variates: the lean path
-        # takes them, and every draw of a compiled race, audited or not
-        if self._compiled or (
-            self._lone and (self.decides_exactly or self._backoff.left(LONE_KEY) > 0)
-        ):
-            drawn = self._lean_step(point, audit)
-            if drawn is not None:
-                return drawn
-        return self._step(dict(point), audit)
+    def _race(self, key, cands, log_f0, noise, point) -> tuple:
+        r"""Race one element's draw: ``(value, n_evals, n_rounds, exhausted, sums, rows)``.
 
-    def _lean_step(self, point, audit=False):
-        r""":meth:`step` of a lone scalar raced compiled, with as little Python as it needs.
-
-        The same draw as the general path (Gumbel-max, race, back-off,
-        audit), for the common case: every :math:`\log f_0` finite. Returns
-        None, having drawn nothing, when that case does not hold. A lone
-        scalar's exact draws take it too (every draw when it decides exactly,
-        the back-off's draws otherwise), compiled races, control variates or
-        not: Gumbel-max on one fused pass.
+        The one place a driver is chosen: the compiled race
+        (:meth:`_race_compiled`) where the step planned one and every
+        :math:`\log f_0` is finite, else the Python race
+        (:func:`~pymc_subsample.racing.sample_categorical`), on the expansion's
+        residuals with control variates. ``sums``: every candidate's sums of
+        terms when the race computed them all (None otherwise), for an audit;
+        ``rows``: the observations the race read (:math:`N` with its exact pass).
         """
-        n_obs, n_cat = self.terms.n_obs, self.n_categories[0]
-        log_f0 = self._constant_f0
-        if log_f0 is None:
-            log_f0 = self._lone_log_f0(point)
-            has_inf = not np.isfinite(log_f0).all()
-        else:
-            has_inf = self._constant_f0_has_inf
-        if has_inf:  # the Python race handles -inf candidates
-            return None
-        at = self._lean_next(n_cat)
-        noise = self._lean_noise[at]
-        verdict = AUDIT_NOT_RUN
-        exact_mode = self.audit_exact  # as at the draw's start
-        if self.decides_exactly or self._backoff.take(LONE_KEY):
-            n_raced = 0
-            value, n_evals, n_rounds, exhausted = self._lean_exact(log_f0, noise, point)
-            rows = n_obs
-        else:
-            n_raced = 1
-            if self._constant_f0 is None:
+        n_obs = self.terms.n_obs
+        if self._compiled and self._all_finite(log_f0):
+            if log_f0 is self._constant_f0:  # (log f0 + noise) / N for the whole noise buffer
+                if self._offset_buffer is None:
+                    self._offset_buffer = (log_f0 + self._noise_buffer) / n_obs
+                offsets = self._offset_buffer[self._noise_at - 1]
+            else:
                 offsets = (log_f0 + noise) / n_obs
-            else:  # computed for the whole buffer at once
-                if self._lean_offsets is None:
-                    self._lean_offsets = (self._constant_f0 + self._lean_noise) / n_obs
-                offsets = self._lean_offsets[at]
-            value, n_evals, n_rounds, exhausted, totals = self._lean_race(offsets, point)
-            rows = n_obs if exhausted else self._compiled_race.rows_drawn()
-            # did it pay, or did most candidates reach the exact pass?
-            self._backoff.record(LONE_KEY, n_evals, n_obs * n_cat)
-            if audit:  # the exact decision for the same noise, from the model's joint density
-                sums = None if totals is None else lambda arms: totals[arms]
-                verdict = self._audit(value, [self._values[0]], log_f0, noise, point, sums)
-        point = dict(point)
-        point[self._lone_name] = self._lone_points[value].copy()
-        stats = _draw_stats(n_evals, rows, n_obs, n_rounds, exhausted, n_raced, verdict, exact_mode)
-        return point, [stats]
+            return self._race_compiled(offsets, point)
+        terms = self.terms
+        if self.control_variates:
+            rewards, totals, log_f0 = self._residual_race(key, cands, point, log_f0)
+        else:
+
+            def rewards(arms, idx):
+                return terms.loglik_batch([c[arms] for c in cands], idx, point)
+
+            def totals(arms):
+                return terms.loglik_sum([c[arms] for c in cands], point)
+
+        _, res = sample_categorical(
+            log_f0, rewards, n_obs, rng=self.rng, noise=noise, totals=totals,
+            config=self.race_config, **self._race_kwargs(),
+        )  # fmt: skip
+        return (
+            res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None,
+            min(res.n_drawn, n_obs),
+        )  # fmt: skip
+
+    def _race_compiled(self, offsets, point, seed=None) -> tuple:
+        """Race a lone scalar in one compiled call: as :meth:`_race` returns.
+
+        The looks run in the compiled driver
+        (:class:`~pymc_subsample.racing.compiled.CompiledRace`), seeded from
+        ``rng`` in bulk (:meth:`_race_seed`) unless ``seed`` is given; an exact
+        pass is decided here on the survivors' fused sums, and anything else
+        (a rescue, a −inf sum) by :meth:`CompiledRace.finish
+        <pymc_subsample.racing.compiled.CompiledRace.finish>`.
+        """
+        terms, race, values = self.terms, self._compiled_race, self._values[0]
+        others = tuple(terms.other_arrays(point)) if self._reads_others else ()
+        seed = self._race_seed() if seed is None else seed
+        status = race.launch(values, terms.permuted_rows(), others, seed, offsets)
+        n_obs = terms.n_obs
+        if status == DECIDED:
+            return (*race.outcome(), False, None, race.rows_drawn())
+        if status != EXACT_PASS:  # no survivor left: the rescue
+            res = race.finish(status, offsets, lambda arms: terms.loglik_sum([values[arms]], point))
+            return res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None, n_obs
+        alive = race.survivors()
+        sums = terms.loglik_sum([values[alive]], point)
+        outcome = race.exact_outcome(offsets, sums)
+        if outcome is not None:
+            return (*outcome, True, sums if len(alive) == len(values) else None, n_obs)
+
+        def totals(arms):  # a -inf or bad sum: the survivors' sums, and the others' if rescued
+            if np.array_equal(arms, alive):
+                return sums
+            return terms.loglik_sum([values[arms]], point)
+
+        res = race.finish(status, offsets, totals)
+        return res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None, n_obs
 
     def _audit(self, value, cands, log_f0, noise, point, totals=None) -> int:
         r"""Audit a raced draw ``value``; return its ``audit_agree`` verdict.
@@ -416,172 +523,48 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._record_audit(agree, structural=structural, zero_share=share)
         return AUDIT_AGREE if agree else AUDIT_DISAGREE
 
-    def _joint_draw(self, cands, noise, point, n_obs):
-        """Exact Gumbel-max draw on the model's joint log density (:meth:`_joint_scores`)."""
-        score = self._joint_scores(cands, point) + noise
-        value = argmax_or_raise(score)
-        return value, RaceResult(value, n_obs * len(score), 1, True, n_obs, score / n_obs)
-
-    def _lean_exact(self, log_f0, noise, point, totals=None):
-        """Exact Gumbel-max draw of a lone scalar: ``(value, n_evals, n_rounds, exhausted)``.
-
-        ``totals``: every value's sum of terms when already computed.
-        """
-        n_obs = self.terms.n_obs
-        if totals is None:
-            totals = self.terms.loglik_sum([self._values[0]], point)
-        score = log_f0 + totals + noise
-        if np.isfinite(score).all():  # the usual case, with none of the checks below
-            return int(score.argmax()), n_obs * len(score), 1, True
-        value, res = self._exact_draw(log_f0, totals.__getitem__, noise, n_obs)
-        return value, res.n_evaluations, res.n_rounds, res.exhausted
-
-    def _lean_race(self, offsets, point):
-        """Compiled race of a lone scalar: ``(value, n_evals, n_rounds, exhausted, totals)``.
-
-        ``totals`` are every value's sums of terms when the exact pass
-        computed them all (None otherwise), for an audit to reuse.
-        """
-        terms, race, values = self.terms, self._compiled_race, self._values[0]
-        others = tuple(terms.other_arrays(point)) if self._lean_others else ()
-        status = race.launch(values, terms.permuted_rows(), others, self._lean_seed(), offsets)
-        if status == DECIDED:
-            return (*race.outcome(), False, None)
-        if status == EXACT_PASS:  # the survivors' fused sums, decided here
-            alive = race.survivors()
-            sums = terms.loglik_sum([values[alive]], point)
-            outcome = race.exact_outcome(offsets, sums)
-            if outcome is not None:
-                return (*outcome, True, sums if len(alive) == len(values) else None)
-            res = race.finish(status, offsets, lambda arms: sums)  # a -inf or bad sum
-        else:
-            res = race.finish(status, offsets, self._lone_totals(point))
-        return res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None
-
     def _lone_log_f0(self, point) -> np.ndarray:
         r""":math:`\log f_0` of a lone scalar's values; computed once when it does not vary."""
         if self._constant_f0 is not None:
             return self._constant_f0
-        log_f0 = self.terms.log_f0([self._values[0]], point)
+        log_f0 = self.terms.log_f0(self._lone_cands, point)
         if self.terms.log_f0_is_constant:  # the same at every draw
             self._constant_f0 = log_f0
             self._constant_f0_has_inf = not np.isfinite(log_f0).all()
         return log_f0
 
-    def _lone_totals(self, point):
-        """``totals(arms)`` of a lone scalar: each value's sum of terms in one fused pass."""
-        values = self._values[0]
-        return lambda arms: self.terms.loglik_sum([values[arms]], point)
+    def _all_finite(self, log_f0) -> bool:
+        r"""Return True when every :math:`\log f_0` is finite (known for a constant one)."""
+        if log_f0 is self._constant_f0:
+            return not self._constant_f0_has_inf
+        return bool(np.isfinite(log_f0).all())
 
-    def _lean_next(self, n_cat: int) -> int:
-        """Row of the lean path's next Gumbel noise (``rng`` draws a buffer at a time)."""
-        at = self._lean_at
-        if at >= LEAN_BUFFER:
-            self._lean_noise = self.rng.gumbel(size=(LEAN_BUFFER, n_cat))
-            self._lean_offsets = None  # (log f0 + noise) / N, computed when needed
+    def _noise(self, n_cat: int) -> np.ndarray:
+        """Next Gumbel noise of an element; a lone scalar's comes from a buffer drawn in bulk."""
+        if not self._lone:
+            return self.rng.gumbel(size=n_cat)
+        at = self._noise_at
+        if at >= DRAW_BUFFER:
+            self._noise_buffer = self.rng.gumbel(size=(DRAW_BUFFER, n_cat))
+            self._offset_buffer = None  # (log f0 + noise) / N, computed when needed
             at = 0
-        self._lean_at = at + 1
-        return at
+        self._noise_at = at + 1
+        return self._noise_buffer[at]
 
-    def _lean_random(self, n_cat: int) -> np.ndarray:
-        """Next Gumbel noise of the lean path (drawn from ``rng`` in bulk, with the seeds)."""
-        at = self._lean_next(n_cat)  # first: it may draw the buffer
-        return self._lean_noise[at]
-
-    def _lean_seed(self) -> np.ndarray:
-        """Next SplitMix64 seed of a lean race (drawn from ``rng`` in bulk)."""
-        at = self._lean_seed_at
-        if at >= LEAN_BUFFER:
-            self._lean_seeds = self.rng.bit_generator.random_raw(LEAN_BUFFER)
+    def _race_seed(self) -> np.ndarray:
+        """Next SplitMix64 seed of a compiled race (drawn from ``rng`` in bulk)."""
+        at = self._seed_at
+        if at >= DRAW_BUFFER:
+            self._seed_buffer = self.rng.bit_generator.random_raw(DRAW_BUFFER)
             at = 0
-        self._lean_seed_at = at + 1
-        return self._lean_seeds[at : at + 1]
-
-    def _step(self, point, audit):
-        """Redraw every element of the block, the general way (audits, control variates)."""
-        if self.control_variates and getattr(self, "_renew_on_next_draw", False):
-            self._renew_reference(point)
-            self._renew_on_next_draw = False
-        terms = self.terms
-        n_obs = terms.n_obs
-        exact_mode = self.audit_exact  # as at the draw's start
-        n_evals = n_rounds = rows = n_decisions = n_raced = 0
-        exhausted = False
-        agree = True
-        for j, var in enumerate(self.vars):
-            n_cat = self.n_categories[j]
-            values = self._values[j]
-            current = [np.asarray(point[v.name]) for v in self.vars]
-            flat = current[j].ravel().copy()
-            for k in range(flat.size):
-                if self._lone:  # a lone scalar: the values
-                    cands = [values]
-                    log_f0 = self._lone_log_f0(point)
-                else:
-                    cands = [np.repeat(c[None], n_cat, axis=0) for c in current]
-                    cand_j = np.repeat(flat[None], n_cat, axis=0)
-                    cand_j[:, k] = values
-                    cands[j] = cand_j.reshape((n_cat, *current[j].shape))
-                    log_f0 = terms.log_f0(cands, point)
-
-                def rewards(arms, idx, cands=cands):
-                    return terms.loglik_batch([c[arms] for c in cands], idx, point)
-
-                def totals(arms, cands=cands):
-                    return terms.loglik_sum([c[arms] for c in cands], point)
-
-                raw_totals = totals
-
-                # a lone scalar's noise comes from the lean path's buffer, which its exact
-                # draws share
-                noise = self._lean_random(n_cat) if self._lone else self.rng.gumbel(size=n_cat)
-                offsets = log_f0
-                exact = self.decides_exactly or self._backoff.take((j, k))
-                if self.control_variates and not exact:
-                    rewards, totals, offsets = self._residual_race(j, k, cands, point, log_f0)
-                if exact and self._exact_independent:  # our terms were found wrong
-                    value, res = self._joint_draw(cands, noise, point, n_obs)
-                elif exact:  # Gumbel-max on the fused totals
-                    value, res = self._exact_draw(log_f0, raw_totals, noise, n_obs)
-                else:
-                    n_raced += 1
-                    if self._compiled:  # a lone scalar: the whole race in one compiled call
-                        value, res = self._compiled_draw(values, log_f0, noise, point, totals)
-                    else:
-                        value, res = sample_categorical(
-                            offsets,
-                            rewards,
-                            n_obs,
-                            rng=self.rng,
-                            noise=noise,
-                            totals=totals,
-                            config=self.race_config,
-                            **self._race_kwargs(),
-                        )
-                    # did it pay, or did most candidates reach the exact pass?
-                    self._backoff.record((j, k), res.n_evaluations, n_obs * n_cat)
-                    if audit:
-                        verdict = self._audit(value, cands, log_f0, noise, point)
-                        agree &= verdict == AUDIT_AGREE
-                flat[k] = values[value]  # the winner is an index into the values
-                current[j] = flat.reshape(current[j].shape)
-                point[var.name] = current[j]
-                n_evals += res.n_evaluations
-                n_rounds += res.n_rounds
-                exhausted |= res.exhausted
-                rows += min(res.n_drawn, n_obs)
-                n_decisions += 1
-        verdict = (AUDIT_AGREE if agree else AUDIT_DISAGREE) if audit and n_raced else AUDIT_NOT_RUN
-        stats = _draw_stats(
-            n_evals, rows, n_obs * n_decisions, n_rounds, exhausted, n_raced, verdict, exact_mode
-        )
-        return point, [stats]
+        self._seed_at = at + 1
+        return self._seed_buffer[at : at + 1]
 
     # -- compiled races -------------------------------------------------------------
 
     def _data_taken_up(self, point, resized: bool) -> None:
         """Drop the expansion's sums (renew the reference); plan compiled races for a new N."""
-        self._lean_offsets = None  # (log f0 + noise) / N
+        self._offset_buffer = None  # (log f0 + noise) / N
         if self.control_variates:
             self._renew_reference(point)
         if resized:
@@ -616,22 +599,18 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._compiled = self._compiled_applies()
         if not self._compiled:
             return
-        self._lean_others = bool(others)  # the lean path reads the other inputs at each draw
+        self._reads_others = bool(others)  # a race reads the other inputs at each draw
         # compile the driver before sampling (a second or two, once)
         self._compiled_race = CompiledRace(
             terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
         )
-        self._compiled_draw(
-            self._values[0], np.zeros(n_cat), np.zeros(n_cat), point,
-            self._lone_totals(point),
-            rng=np.random.default_rng(0),
-        )  # fmt: skip
+        self._race_compiled(np.zeros(n_cat), point, seed=np.zeros(1, dtype=np.uint64))
 
     def _sparse_differences(self, rows: int = 512, arms: int = 4096) -> bool:
         """Return True when values' terms equal the best one's on most rows of a probe.
 
         At the initial point and two draws from the prior, on ``rows`` random
-        rows (:func:`~pymc_subsample.racing.race.sparse_arms`). Races of such
+        rows (:func:`~pymc_subsample.racing.state.sparse_arms`). Races of such
         a variable (a change point, a value that touches few observations)
         keep those values to an exact pass, which the Python race does at
         every look; the compiled race does not, so it is not used.
@@ -677,22 +656,6 @@ class SubsampledCategoricalGibbs(RacingStep):
             and supports(self.race_config, self.n_categories[0], self.terms.n_obs, totals=True)
         )
 
-    def _compiled_draw(self, values, log_f0, noise, point, totals, rng=None):
-        """Gumbel-max draw by a compiled race; the Python race when some log f0 is -inf."""
-        n_obs = self.terms.n_obs
-        rng = self.rng if rng is None else rng
-        if not np.isfinite(log_f0).all():
-            return sample_categorical(
-                log_f0, lambda arms, idx: self.terms.loglik_batch([values[arms]], idx, point),
-                n_obs, rng=rng, noise=noise, totals=totals, config=self.race_config,
-            )  # fmt: skip
-        terms = self.terms
-        res = self._compiled_race(
-            values, terms.permuted_rows(), tuple(terms.other_arrays(point)), rng,
-            (log_f0 + noise) / n_obs, totals,
-        )  # fmt: skip
-        return res.winner, res
-
     def data_changed(self) -> None:
         """Take up new data values; refuse new values that change a variable's support.
 
@@ -714,9 +677,9 @@ class SubsampledCategoricalGibbs(RacingStep):
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state, the lean path's buffers included."""
         super().setup_chain(rng, tune, draws)
-        self._lean_at = self._lean_seed_at = LEAN_BUFFER
+        self._noise_at = self._seed_at = DRAW_BUFFER
 
-    def _residual_race(self, j, k, cands, point, log_f0):
+    def _residual_race(self, key, cands, point, log_f0):
         """Callbacks and offsets of a race on the expansion's residuals (raw if unusable)."""
         terms = self.terms
         shift = self._expansion_shift(cands, point)  # the sums keyed on every input they read
