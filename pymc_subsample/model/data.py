@@ -345,6 +345,40 @@ class PermutedCopy:
         return self._perm
 
 
+def reject_minibatch(rv) -> None:
+    """Refuse an observed variable whose data come through ``pm.Minibatch``.
+
+    ``pm.Minibatch`` draws a random batch of rows inside the graph at every
+    evaluation (for variational inference, with ``total_size``); the steps
+    choose their own batches from all the rows, which then must be in the
+    graph whole.
+
+    Raises
+    ------
+    ModelSplitError
+        Naming the variable and the fix.
+    """
+    from pymc.data import MinibatchIndexRV, MinibatchOp
+
+    ops = (MinibatchIndexRV, MinibatchOp)
+    nodes = [rv.owner] if rv.owner is not None else []
+    seen = set()
+    while nodes:
+        node = nodes.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if isinstance(node.op, ops):
+            raise ModelSplitError(
+                f"the observed values of {rv.name} come through pm.Minibatch, which draws "
+                "random rows inside the graph at every evaluation; these steps choose their "
+                "own mini-batches from all the rows: pass the whole data, e.g. "
+                f"pm.Data('{rv.name}_data', y) as observed, without pm.Minibatch and "
+                "total_size"
+            )
+        nodes.extend(i.owner for i in node.inputs if i.owner is not None)
+
+
 def observed_terms(model, value_vars: Sequence) -> tuple[list, list, list]:
     """Return the observed variables whose log density involves the block, by kind.
 
@@ -357,7 +391,8 @@ def observed_terms(model, value_vars: Sequence) -> tuple[list, list, list]:
     ModelSplitError
         When no observed variable with per-observation terms depends on the
         block, or observed data are a NumPy array or hold missing values
-        (:func:`reject_numpy_observed`).
+        (:func:`reject_numpy_observed`), or come through ``pm.Minibatch``
+        (:func:`reject_minibatch`).
     """
     per_obs, rvs, scalar = [], [], []
     for rv in model.observed_RVs:
@@ -367,6 +402,7 @@ def observed_terms(model, value_vars: Sequence) -> tuple[list, list, list]:
         if lp.ndim == 0:
             scalar.append(lp)
             continue
+        reject_minibatch(rv)
         reject_numpy_observed(model, rv)
         per_obs.append(per_observation(lp))
         rvs.append(rv)

@@ -491,6 +491,18 @@ def not_local_error(
             f" Inputs read whole, not by observation: {', '.join(foreign)}; a slice of "
             "one of them aligned with the observations is a lag."
         )
+    wide = [
+        f"{v.name!r} has shape {np.shape(v.get_value(borrow=True))}"
+        for v in data
+        if np.ndim(v.get_value(borrow=True)) >= 2
+        and np.shape(v.get_value(borrow=True))[0] < max(np.shape(v.get_value(borrow=True))[1:])
+    ]
+    if wide:
+        detail += (
+            f" The observations are the rows (first axis) of the data, and {', '.join(wide)}: "
+            "if the observations lie along a later axis, put it first (e.g. pm.Data(name, "
+            "Y.T), with the parameters broadcasting along the first axis)."
+        )
     return ModelSplitError(
         f"the likelihood terms of {names} are not row-local: {failure} "
         "at a draw from the prior, so term n reads more than row n of the data "
