@@ -172,7 +172,7 @@ def choose_exact_after(
 
     A race allowed only its first look before the exact pass is not worth
     running: that look seldom separates every arm, and its cost then adds to
-    the pass's (measured: 1.4-1.7x an exact draw at N = 10^4). So when only the
+    the pass's. So when only the
     first look fits the budget, the answer is 0 (decide exactly at once).
 
     Parameters

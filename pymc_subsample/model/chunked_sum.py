@@ -5,13 +5,11 @@ reduction over a ``(K, N)`` iteration space loops over the candidates
 outside and the rows inside: it reads the data :math:`K` times. When the
 data do not stay in cache between those reads (a race's exact pass over a
 few surviving candidates, in a sampler whose other steps touch other
-memory), each read comes from main memory. Measured at :math:`N = 10^6`
-(8 MB of data): 7 candidates took 0.43 ns a term with the data out of cache,
-0.17 in cache. :class:`ChunkedSum` calls the same compiled reduction on
+memory), each read comes from main memory. :class:`ChunkedSum` calls the same compiled reduction on
 consecutive chunks of about :data:`CHUNK_BYTES` of rows from one compiled loop,
 so that the data are read from memory once and the :math:`K` passes over a
-chunk find it in cache: 0.22 ns a term out of cache at :math:`K = 7`, and no
-slower in cache.
+chunk find it in cache (measured in the
+:doc:`Gibbs results </results/gibbs>`).
 """
 
 from __future__ import annotations
@@ -83,9 +81,8 @@ class ChunkedSum:
         """Return the sums over every row of ``rows`` (C-contiguous, rows first), ``(K,)``.
 
         ``rows`` have the same shapes at every call (the population): the
-        chunk length, and whether to loop, are set at the first call (the
-        chunk length took about 6 µs to compute, a quarter of a whole sum at
-        :math:`N = 10^4`).
+        chunk length, and whether to loop, are set at the first call (computing the
+        chunk length costs a fair share of a small sum).
         """
         if self._chunk is None:
             self._chunk = self.chunk_rows(rows)

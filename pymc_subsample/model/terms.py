@@ -370,8 +370,8 @@ class ObservationTerms:
     def compile(self, outputs, inputs: Sequence, trust: bool = True):
         """Compile ``outputs`` as a function of ``inputs`` (positional, no point function).
 
-        With ``trust``, without PyTensor's checks of the inputs (about 5 µs an
-        input a call): every caller passes ndarrays of the compiled dtypes
+        With ``trust``, without PyTensor's checks of the inputs (microseconds per input
+        and call): every caller passes ndarrays of the compiled dtypes
         (:meth:`candidate_arrays`, :meth:`other_arrays`).
         """
         fn = self.model.compile_fn(outputs, inputs=inputs, point_fn=False, **self._compile_kwargs)

@@ -154,7 +154,7 @@ def _driver(fn, n_rows: int, n_others: int):
     """Return the compiled driver of ``fn`` for ``n_rows`` data arrays and ``n_others`` inputs.
 
     ``fn`` is bound into the driver as a global, not passed: a dispatcher
-    passed as an argument is typed anew at every call (about 10 µs). The
+    passed as an argument is typed anew at every call. The
     look itself is :func:`~.packed.look_c`, compiled once and cached. Drivers are
     cached weakly (while a race holds them) and the last
     :data:`RECENT_DRIVERS` strongly: a driver keeps its function alive, and

@@ -369,9 +369,9 @@ def look_rows(
         ``(lead, n_ref, n_keep, n_stuck)``, with ``n_stuck`` −1 when the
         give-up test was skipped. Scalars only, and fewer arguments than
         :func:`look_normal` and :func:`stuck_arms` called apart: boxing an
-        array returned to Python (about 0.6 µs, against 0.2 µs to allocate
-        it there), typing the arguments and the calls themselves are most of
-        what a look costs the Python driver.
+        array returned to Python (dearer than allocating it there), typing
+        the arguments and the calls themselves are most of what a look costs
+        the Python driver.
     """
     mean, dmean, m2, offsets = rows[0], rows[1], rows[2], rows[3]
     new_mean, lead, tot, new_dmean, new_m2, keep = _look_normal(

@@ -203,7 +203,7 @@ def pack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Pack a race's settings and look sizes into the two buffers a compiled race reads.
 
-    Numba types and unboxes each argument at each call (about 0.1 µs), and
+    Numba types and unboxes each argument at each call, and
     returned arrays are boxed: the settings, the look sizes and the race's
     outputs travel in one int64 and one float64 array (:func:`layout`).
     """

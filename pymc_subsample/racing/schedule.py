@@ -332,11 +332,11 @@ def block_rows(n: int) -> int:
     below :math:`N = 2^{18} \approx 2.6 \cdot 10^5`, 64 at :math:`10^6`,
     128 from :math:`2^{20} \approx 1.05 \cdot 10^6`. A block of fresh rows
     costs a cache and a TLB miss wherever it lies in a large array, so
-    longer runs make a gather cheaper per row (6,400 rows out of
-    :math:`10^6`, cold: about 50-90 µs in blocks of 16, 20-37 µs in blocks
-    of 64-128), while a race still draws among thousands of blocks: the
-    dependence between races that share a permutation grows as the blocks
-    get fewer, and the permutation-reuse study measures it down to 78.
+    longer runs make a gather cheaper per row
+    (:doc:`racing explanation </explanation/racing>`), while a race still
+    draws among thousands of blocks: the dependence between races that
+    share a permutation grows as the blocks get fewer (the permutation-reuse
+    study in :doc:`/results/index` measures it).
     """
     b = BLOCK_ROWS
     while 2 * b <= MAX_BLOCK_ROWS and n >= 2 * b * MIN_BLOCKS:
