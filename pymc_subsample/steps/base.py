@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from contextlib import contextmanager
@@ -312,6 +313,38 @@ class RacingStep(BlockedStep):
                 exact=self.exact_switch,
                 batches=self.terms.batches,
             )
+
+    @property
+    def race(self) -> RaceOptions:
+        """The race options; on a built step only ``bound`` may change, to "exact" and back.
+
+        The rest of the plan (first batch, exact switch, compiled driver) was
+        built from these options, so a new value of another field, or a bound
+        other than the one built and ``"exact"``, raises instead of being
+        ignored: build a new step for those.
+        """
+        return self._race_options
+
+    @race.setter
+    def race(self, race: RaceOptions) -> None:
+        check_instance("race", race, RaceOptions, example="RaceOptions(bound='exact')")
+        built = getattr(self, "_built_race", None)
+        if built is None:  # construction
+            self._race_options = self._built_race = race
+            return
+        changed = [
+            f.name
+            for f in dataclasses.fields(RaceOptions)
+            if f.name != "bound" and getattr(race, f.name) != getattr(built, f.name)
+        ]
+        if changed or race.bound not in (built.bound, "exact"):
+            what = ", ".join(changed) or f"bound={race.bound!r}"
+            raise ValueError(
+                f"a built step takes new race options only to switch its bound between "
+                f"{built.bound!r} and 'exact' (got {what}): build a new step with "
+                "race=RaceOptions(...) for other settings"
+            )
+        self._race_options = race
 
     @property
     def exact_after(self) -> int:
