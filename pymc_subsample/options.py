@@ -81,7 +81,8 @@ class RaceOptions:
         hard decision costs little more than an exact one. ``"auto"``: the
         Gibbs step times the model's batch and fused evaluations at
         construction and picks the largest look whose predicted race cost
-        stays within 20% of an exact decision
+        stays within half of an exact decision
+        (:data:`~pymc_subsample.mcmc.cost.EXACT_SWITCH_BUDGET`)
         (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`), or decides
         every draw exactly when even a first look would not pay (small
         :math:`N`); RacingMetropolis switches at 0.25. Timings vary, so two

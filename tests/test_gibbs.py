@@ -184,14 +184,27 @@ def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):
 
 
 def test_exact_switch_needs_two_looks_within_budget():
-    from pymc_subsample.mcmc.cost import choose_exact_after
+    from pymc_subsample.mcmc.cost import EXACT_SWITCH_BUDGET, choose_exact_after
 
     # looks at 100, 200, 400, ...: each costs 1 + 0.01 m, exact costs 100 (budget 20)
-    assert choose_exact_after(10_000, 100, (1.0, 0.01), 100.0) == 800  # 2 + 2 + 3 + 5 <= 20
+    assert choose_exact_after(10_000, 100, (1.0, 0.01), 100.0, budget=0.2) == 800  # 2+2+3+5
     # only the first look fits (11 <= 20 < 11 + 11): decide at once, not look-then-pass
-    assert choose_exact_after(10_000, 100, (1.0, 0.1), 100.0) == 0
-    assert choose_exact_after(10_000, 100, (30.0, 0.0), 100.0) == 0  # none fits
+    assert choose_exact_after(10_000, 100, (1.0, 0.1), 100.0, budget=0.2) == 0
+    assert choose_exact_after(10_000, 100, (30.0, 0.0), 100.0, budget=0.2) == 0  # none fits
     assert choose_exact_after(10_000, 100, (0.0, 0.0), 100.0) == 10_000  # all fit: never
+    # the default budget: 11 + 11 + 21 <= 100 * EXACT_SWITCH_BUDGET < 11 + 11 + 21 + 41
+    assert EXACT_SWITCH_BUDGET == 0.5
+    assert choose_exact_after(10_000, 100, (1.0, 0.1), 100.0) == 400
+
+
+def test_first_batch_nearest_the_break_even_on_a_log_scale():
+    from pymc_subsample.mcmc.cost import choose_first_batch
+
+    # a / b = 430: 400 is nearer than 800 (the old rule, the smallest >= a / b, gave 800)
+    assert choose_first_batch(10**6, (4.3e-6, 1e-8)) == 400
+    assert choose_first_batch(10**6, (6.0e-6, 1e-8)) == 800  # a / b = 600 > 400 * sqrt 2
+    assert choose_first_batch(10**6, (1e-9, 1e-8)) == 50  # the minimum
+    assert choose_first_batch(1_000, (1.0, 1e-8)) == 100  # at most N / 8
 
 
 def family_selector():

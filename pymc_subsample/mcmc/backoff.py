@@ -16,15 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from .cost import EXACT_SWITCH_BUDGET
+
 __all__ = ["BACKOFF_MEMORY", "BACKOFF_SHARE", "MAX_BACKOFF", "Backoff"]
 
 #: Longest run of exact decisions taken after races that gave up.
 MAX_BACKOFF = 64
 #: Share of recent races that gave up (most candidates reached the exact pass) above which
-#: a step backs off: a race that pays costs a fraction of an exact decision and one that
-#: gives up a little more than one (the exact switch's budget), so racing loses only when
-#: most races give up.
-BACKOFF_SHARE = 0.8
+#: a step backs off: a race that pays costs a fraction :math:`r` of an exact decision and
+#: one that gives up at most :math:`1 + b` (:math:`b` the exact switch's budget,
+#: :data:`~pymc_subsample.mcmc.cost.EXACT_SWITCH_BUDGET`), so racing loses once a share
+#: :math:`s > (1 - r)/(1 + b - r)` of races give up, :math:`1/(1 + b)` as :math:`r \to 0`.
+BACKOFF_SHARE = round(1.0 / (1.0 + EXACT_SWITCH_BUDGET), 2)
 #: Races (about) over which that share is averaged (exponential weights 1/8).
 BACKOFF_MEMORY = 8
 

@@ -7,10 +7,12 @@ a call of the subset function plus the race's bookkeeping, roughly
 the fused pass is so much faster per term than gathering a subset that a long
 race costs more than the exact answer. :func:`choose_exact_after` picks the
 largest look of the schedule whose cumulative predicted race cost stays within
-``budget`` times :math:`t_\text{exact}`; the race then evaluates all :math:`N`
-observations at its next look (:func:`~pymc_subsample.racing.race`,
-``exact_after``). A hard draw thus costs at most about
-:math:`(1 + \text{budget})\, t_\text{exact}`.
+``budget`` (:data:`EXACT_SWITCH_BUDGET`) times :math:`t_\text{exact}`; the race
+then evaluates all :math:`N` observations at its next look
+(:func:`~pymc_subsample.racing.race`, ``exact_after``). A hard draw thus costs
+at most about :math:`(1 + \text{budget})\, t_\text{exact}`, and the back-off
+(:mod:`~pymc_subsample.mcmc.backoff`) keeps such draws rare: a chain whose
+races keep giving up decides exactly.
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ from ..racing.race import RaceConfig, race_shared
 from ..racing.schedule import doubling_schedule
 
 __all__ = [
+    "EXACT_SWITCH_BUDGET",
     "choose_exact_after",
     "choose_first_batch",
     "compiled_look_cost",
     "fit_round_cost",
     "median_seconds",
 ]
+
+
+#: Largest predicted cost of a race's subsampled looks, as a fraction of an exact decision.
+#: A race that gives up costs at most ``1 + EXACT_SWITCH_BUDGET`` exact decisions; one
+#: that pays costs a fraction :math:`r` of one. With a budget too tight for two looks a
+#: step decides every draw exactly even where one look in two would separate the arms;
+#: the back-off (:data:`~pymc_subsample.mcmc.backoff.BACKOFF_SHARE`) bounds what the
+#: looser budget can lose on draws that are hard.
+EXACT_SWITCH_BUDGET = 0.5
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
@@ -166,7 +178,7 @@ def choose_exact_after(
     batch_size: int,
     round_cost: tuple[float, float],
     exact_seconds: float,
-    budget: float = 0.2,
+    budget: float = EXACT_SWITCH_BUDGET,
 ) -> int:
     """Largest look whose cumulative predicted race cost is within ``budget`` of exact.
 
@@ -212,9 +224,11 @@ def choose_first_batch(n_obs: int, round_cost: tuple[float, float], minimum: int
     r"""First mini-batch :math:`m^{(1)}` whose terms cost about as much as the look itself.
 
     A look costs :math:`a + b\,m`; below :math:`m = a/b` the fixed cost
-    dominates, so smaller batches only add looks. Returns the smallest
-    :math:`\text{minimum} \cdot 2^k \ge a/b`, at most :math:`N/8` (and at
-    least ``minimum``).
+    dominates, so smaller batches only add looks, and above it the terms do,
+    so larger ones read rows an easy decision does not need. Returns the
+    :math:`\text{minimum} \cdot 2^k` nearest :math:`a/b` on a log scale (the
+    smallest with :math:`\text{minimum} \cdot 2^k \ge a / (b\sqrt 2)`), at
+    most :math:`N/8` (and at least ``minimum``).
 
     Parameters
     ----------
@@ -232,6 +246,6 @@ def choose_first_batch(n_obs: int, round_cost: tuple[float, float], minimum: int
     a, b = round_cost
     target = a / b if b > 0 else float(n_obs)
     batch = int(minimum)
-    while batch < target and 16 * batch <= n_obs:
+    while batch * np.sqrt(2.0) < target and 16 * batch <= n_obs:
         batch *= 2
     return batch

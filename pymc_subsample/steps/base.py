@@ -265,7 +265,7 @@ class RacingStep(BlockedStep):
         (:func:`~pymc_subsample.mcmc.cost.fit_round_cost`): the first batch then
         balances the look's fixed cost against its terms
         (:func:`~pymc_subsample.mcmc.cost.choose_first_batch`), and the exact
-        switch keeps a race within 20% of an exact decision
+        switch keeps a race within half of an exact decision
         (:func:`~pymc_subsample.mcmc.cost.choose_exact_after`); again at new data
         (:meth:`_replan_races`).
         """
