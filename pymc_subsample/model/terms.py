@@ -45,6 +45,7 @@ from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import graph_inputs
 
 from ..racing.compiled import CompiledRewards
+from ..racing.config import BATCH_LAYOUTS
 from ..validation import check_choice
 from .batched import vectorize_per_point
 from .blocks import (
@@ -75,14 +76,10 @@ from .row_locality import (
 from .union import UnionIndex
 
 __all__ = [
-    "BATCH_LAYOUTS",
     "BatchGraphs",
     "ModelSplitError",
     "ObservationTerms",
 ]
-
-#: Names accepted by ``ObservationTerms(batches=...)``.
-BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 
 class BatchGraphs(NamedTuple):
