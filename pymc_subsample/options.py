@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from .racing.common import BOUNDS, VARIANCES
+from .racing.config import BATCH_LAYOUTS
 from .validation import (
     ArgumentTypeError,
     check_bool,
@@ -34,16 +35,11 @@ from .validation import (
 
 __all__ = [
     "AuditOptions",
-    "BATCH_LAYOUTS",
     "ProposalOptions",
     "RaceOptions",
     "options_or_default",
     "reject_moved_keywords",
 ]
-
-#: Names accepted by ``RaceOptions.batches``: contiguous blocks of a row-permuted copy of
-#: the data, independent random rows, or contiguous windows of the data in its own order.
-BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ class RaceOptions:
         schedule, as in the paper. The choice is kept in the step's
         ``exact_switch``.
     batches : {"blocks", "random", "windows"}
-        How races read the data (:data:`BATCH_LAYOUTS`). ``"blocks"``
+        How races read the data (:data:`~pymc_subsample.racing.config.BATCH_LAYOUTS`). ``"blocks"``
         (default): each race draws whole blocks of :math:`b` consecutive rows
         (16 to 128, growing with :math:`N`:
         :func:`~pymc_subsample.racing.schedule.block_rows`) of a row-permuted

@@ -235,7 +235,7 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
     with model:
         compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)  # the same row permutation
         python = SubsampledCategoricalGibbs([q], rng=5, **settings)
-    assert compiled._compiled
+    assert compiled.compiled
     python._compiled = False
     compiled.rng = np.random.default_rng(5)
     python.rng = _SameDraws(5, compiled.n_categories[0])
@@ -276,10 +276,10 @@ def test_auto_plan_is_timed_on_compiled_looks(large_selector):
     model, q = large_selector
     with model:
         step = SubsampledCategoricalGibbs([q], rng=5)
-    assert step._compiled
+    assert step.compiled
     assert supports(step.race_config, 5, step.terms.n_obs, totals=True)
     a, b = compiled_look_cost(
-        step.terms.compiled_rows(), step._values[0],
+        step.terms.compiled_rows(), step.candidate_values[0],
         tuple(step.terms.other_arrays(step.initial_point)), step.terms.n_obs,
         np.random.default_rng(0),
     )  # fmt: skip
@@ -339,8 +339,8 @@ def test_compiled_step_draws_the_exact_conditional(
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.4),
             audit=AuditOptions(every=0),
         )
-    assert step._compiled
-    assert step._compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
+    assert step.compiled
+    assert step.compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
     draws, st = draw_many(step, point, 1500, "q")
     assert_matches(draws, probs, 5)
     assert hasattr(step, "_noise_buffer")  # drawn in bulk
@@ -421,7 +421,7 @@ def test_compiled_step_audits_its_races(large_selector):
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
             audit=AuditOptions(every=1),
         )
-    assert step._compiled
+    assert step.compiled
     race, compiled_races = step._race_compiled, []
     step._race_compiled = lambda o, p, seed=None: compiled_races.append(1) or race(o, p, seed)
     _, st = draw_many(step, point, 300, "q")
@@ -466,7 +466,7 @@ def test_every_audit_is_timed():
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
             audit=AuditOptions(every=1),
         )
-    assert step._compiled
+    assert step.compiled
     race, clock, clocked, free = step._race_compiled, step._audit_clock, [], []
 
     def counted_clock():

@@ -78,10 +78,10 @@ def steps(arch_like):
 def residual_parts(step, point):
     """Residuals on every observation and the shift that the race adds back, per candidate."""
     expansion, n_obs = step.expansion, step.terms.n_obs
-    cands = [step._values[0]]
-    res = expansion.residual_batch(cands, slice(0, n_obs), point, step._reference)
-    values, grads, hess = expansion.sums(step._reference, point, cands)
-    delta = expansion.delta(point, step._reference)
+    cands = [step.candidate_values[0]]
+    res = expansion.residual_batch(cands, slice(0, n_obs), point, step.reference)
+    values, grads, hess = expansion.sums(step.reference, point, cands)
+    delta = expansion.delta(point, step.reference)
     shift = values + grads @ delta + 0.5 * np.einsum("kij,i,j->k", hess, delta, delta)
     return res, shift
 
@@ -94,11 +94,17 @@ def test_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_like, step
     _, _, reference, point = arch_like
     step = steps["alpha"]
     res, shift = residual_parts(step, point)
-    exact = step.terms.loglik_sum([step._values[0]], point)
+    exact = step.terms.loglik_sum([step.candidate_values[0]], point)
     np.testing.assert_allclose(res.sum(axis=1) + shift, exact, rtol=1e-10)
+    # the public views: the fixed reference as given, none without control variates
+    assert set(step.reference) == set(reference)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(step.reference[name], value)
+    assert steps["raw"].reference is None
+    np.testing.assert_array_equal(step.candidate_values[0], np.arange(step.n_categories[0]))
     # the coordinates are the coefficients, not z
     np.testing.assert_allclose(
-        step.expansion.delta(point, step._reference),
+        step.expansion.delta(point, step.reference),
         softplus_coefficients(point) - softplus_coefficients(reference),
     )
 

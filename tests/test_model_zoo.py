@@ -376,7 +376,7 @@ def _tv_bound(p, n_draws, rng, level=0.99):
 def check_gibbs(model, name, point, n_draws, race):
     with model:
         step = SubsampledCategoricalGibbs([model[name]], rng=1, race=race)
-    values = step._values[0]
+    values = step.candidate_values[0]
     logp = model.compile_logp()
     lps = np.array([logp(point | {name: np.asarray(v, dtype=point[name].dtype)}) for v in values])
     probs = np.exp(lps - lps.max())
@@ -528,4 +528,4 @@ def test_a_dims_length_input_keeps_the_race_in_python_at_compiled_sizes():
     (it failed to type before), and the draws match enumeration."""
     model, spec, point = _build(with_dims, 12_000)
     step = check_gibbs(model, spec["gibbs"], point, 300, None)
-    assert not step._compiled
+    assert not step.compiled

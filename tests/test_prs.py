@@ -311,7 +311,7 @@ def test_draw_without_repair_samples_min_of_f_and_a_low_envelope():
     env = build_envelope(mixture_logpdf, rng, 2000, bounds=[(-8, 8)])
     centres = env.lo[0] + (np.arange(env.n_cells) + 0.5) * env.width[0]
     env.log_cells = env.log_cells - np.log(3.0) * (centres > 1.0)  # too low right of 1
-    env._refresh()
+    env.refresh()
     res = draw(env, mixture_logpdf, rng, 20_000, repair=False)
     assert res.violations > 0 and len(res.x) >= 20_000
     grid = np.linspace(-8, 8, 400_001)
@@ -329,7 +329,7 @@ def test_draw_with_repair_restores_exactness_and_counts():
     env = build_envelope(mixture_logpdf, rng, 2000, bounds=[(-8, 8)])
     assert env.n_evaluations == 2000 and len(env.design) == 2000
     env.log_cells = env.log_cells - np.log(3.0)
-    env._refresh()
+    env.refresh()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         first = draw(env, mixture_logpdf, rng, 20_000)

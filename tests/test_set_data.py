@@ -218,13 +218,13 @@ def test_compiled_gibbs_race_takes_up_new_data_of_a_new_length():
         step = SubsampledCategoricalGibbs(
             [model["q"]], rng=0, race=RaceOptions(exact_fraction=0.25, batch_size=500), delta=0.01
         )
-        assert step._compiled
+        assert step.compiled
         pm.sample(step=[step], tune=0, draws=50, random_seed=1, **SAMPLE)
         pm.set_data({"y_data": y_new})
         idata, seen = sample_recording(step, tune=0, draws=1000, random_seed=2)
     assert_selector_frequencies(idata.posterior["q"].values.ravel(), y_new, step.delta)
     assert len(seen) == 1 and "10000 -> 15000" in str(seen[0].message)
-    assert step._compiled and step._compiled_race.n_obs == 15_000
+    assert step.compiled and step.compiled_race.n_obs == 15_000
     assert idata.sample_stats["n_raced"].values.sum() > 0  # the compiled race ran
 
 

@@ -77,7 +77,8 @@ def test_change_point_draws_match_the_exact_conditional(n_obs, n_values, width):
     model, s, p = _change_point_model(n_obs, n_values, width, np.random.default_rng(2))
     with model:
         step = SubsampledCategoricalGibbs([s])
-        assert not step._compiled  # the compiled race has no sparse guard
+        assert not step.compiled  # the compiled race has no sparse guard
+        assert step.compiled_race is None
         idata = pm.sample(
             step=[step], draws=600, tune=10, chains=1, cores=1, random_seed=3,
             progressbar=False, compute_convergence_checks=False,

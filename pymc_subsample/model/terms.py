@@ -1,36 +1,17 @@
 r"""Per-observation log-likelihood terms of a PyMC model, evaluated on index subsets.
 
-For value variables :math:`\theta` (the block a step updates), the model's
-log density splits into the terms that involve :math:`\theta`:
+For the value variables :math:`\theta` a step updates, the model's log density
+splits as
 
 .. math:: \log \tilde p(\theta) = \log f_0(\theta) + \sum_{n=1}^N \log f_n(\theta),
 
-with :math:`\log f_n` the log-likelihood of observation :math:`n` (summed over
-every observed variable that depends on :math:`\theta` and over trailing event
-dimensions) and :math:`\log f_0` everything else that involves :math:`\theta`
-(its prior, Jacobian, and the log densities of other free variables whose
-parameters depend on it). :class:`ObservationTerms` compiles, for
-candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
-
-* :meth:`~ObservationTerms.loglik_subset`: :math:`\log f_n(\theta_k)` on
-  observations ``idx``, shape ``(K, len(idx))``: every per-observation data
-  input :math:`D` (a ``pm.Data`` with :math:`N` rows) is gathered as
-  ``D[idx]`` and passed to a function compiled with those rows as inputs, so
-  the cost grows with ``len(idx)``, not with :math:`N`;
-* :meth:`~ObservationTerms.loglik_batch`: the same on positions of a
-  row-permuted copy of the data: whole random blocks of rows (the layout
-  races read by default) or a contiguous window (a slice, no gather);
-* :meth:`~ObservationTerms.loglik_full`: all :math:`N` observations, ``(K, N)``;
-* :meth:`~ObservationTerms.loglik_sum`: :math:`\sum_n \log f_n(\theta_k)`,
-  shape ``(K,)``, summed inside the compiled graph (one fused pass, in chunks of
-  rows that stay in cache: :class:`~pymc_subsample.model.chunked_sum.ChunkedSum`);
-* :meth:`~ObservationTerms.log_f0`: :math:`\log f_0(\theta_k)`, shape ``(K,)``.
-
-All of them take the other value variables from a point dictionary. The
-model's split into the block and the rest is in
-:mod:`~pymc_subsample.model.blocks`, the data inputs and their permuted copy
-in :mod:`~pymc_subsample.model.data`, and the expansions that races use as
-control variates in :mod:`~pymc_subsample.model.expansion`.
+:math:`\log f_n` the log-likelihood of observation :math:`n` and :math:`\log f_0`
+the rest of the Markov blanket. :class:`ObservationTerms` compiles both for a batch
+of candidates, on any subset of observations at a cost that grows with the subset,
+not with :math:`N` (Chen & Ghahramani 2016, Sec. 2). The block's split is in
+:mod:`~pymc_subsample.model.blocks`, the data inputs in
+:mod:`~pymc_subsample.model.data`, the expansions in
+:mod:`~pymc_subsample.model.expansion`; the details: :ref:`observation-terms`.
 """
 
 from __future__ import annotations
@@ -45,6 +26,7 @@ from pytensor.graph.replace import graph_replace
 from pytensor.graph.traversal import graph_inputs
 
 from ..racing.compiled import CompiledRewards
+from ..racing.config import BATCH_LAYOUTS
 from ..validation import check_choice
 from .batched import vectorize_per_point
 from .blocks import (
@@ -75,14 +57,10 @@ from .row_locality import (
 from .union import UnionIndex
 
 __all__ = [
-    "BATCH_LAYOUTS",
     "BatchGraphs",
     "ModelSplitError",
     "ObservationTerms",
 ]
-
-#: Names accepted by ``ObservationTerms(batches=...)``.
-BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 
 class BatchGraphs(NamedTuple):
@@ -101,6 +79,16 @@ class BatchGraphs(NamedTuple):
 class ObservationTerms:
     r"""Per-observation log-likelihood terms of a block of variables, on index subsets.
 
+    For candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
+    :meth:`loglik_subset` gives :math:`\log f_n(\theta_k)` on observations ``idx``
+    (each per-observation ``pm.Data`` input gathered as ``D[idx]``), shape
+    ``(K, len(idx))``; :meth:`loglik_batch` the same on positions of a row-permuted
+    copy of the data; :meth:`loglik_full` on all :math:`N`; :meth:`loglik_sum`
+    :math:`\sum_n \log f_n(\theta_k)` in one fused pass; :meth:`log_f0`
+    :math:`\log f_0(\theta_k)`. The other value variables come from a point.
+    Batch layouts, observed variables of different lengths, refusals:
+    :ref:`observation-terms`.
+
     Parameters
     ----------
     model : pymc.Model
@@ -117,18 +105,10 @@ class ObservationTerms:
     compile_kwargs : dict, optional
         Passed to ``model.compile_fn``.
     batches : {"blocks", "random", "windows"}
-        ``"blocks"`` (default) and ``"windows"`` keep a row-permuted copy of
-        every per-observation data input (memory: one more copy of them, and
-        no index array of :math:`N` entries: the permutation is kept as the
-        state of the generator that drew it); :meth:`shuffle` redraws the
-        permutation in place, one pass that moves every row.
-        :meth:`loglik_batch` then reads positions of the copy: whole blocks
-        of rows (gathered in runs: dearer per term than a window, cheaper
-        than scattered rows; see the results pages) or contiguous slices
-        (``"windows"``, no gather).
-        ``"random"`` keeps no copy and no index array (positions are rows):
-        batches are gathers of scattered rows (dearer per term: a cache miss
-        per row), for data that do not fit twice in memory.
+        How :meth:`loglik_batch` reads the data
+        (:data:`~pymc_subsample.racing.config.BATCH_LAYOUTS`): blocks of rows
+        (default) or contiguous windows of a row-permuted copy of the data, or
+        scattered rows of the data itself (no copy).
 
     Attributes
     ----------
@@ -156,27 +136,13 @@ class ObservationTerms:
     watched : list
         Every ``pm.Data`` input of the terms (:meth:`data_unchanged`).
 
-    Notes
-    -----
-    Observed variables of different lengths :math:`N_1, \dots, N_G` that
-    depend on the block are raced over the union of their rows,
-    :math:`N = \sum_g N_g` (:class:`~pymc_subsample.model.union.UnionIndex`): their
-    per-observation inputs are padded to :math:`N` rows and a per-row group
-    label chooses each row's term. A union row then costs :math:`G` term
-    evaluations, and the padded copies hold :math:`G N` rows. The row rules
-    are checked on each group's own graph and rows.
-
     Raises
     ------
     ModelSplitError
-        When no observed variable depends on the block, it has no
-        observations (:math:`N = 0`), the data hold missing values (NaN or
-        masked entries), observed data or covariates are NumPy arrays baked
-        into the graph, the subset graph disagrees with the full one
-        (per-observation latent variables, observations coupled through a
-        time-series likelihood, a per-observation input that is not indexed),
-        or observed variables of different lengths cannot be padded to the
-        union of their rows (a ``shape=`` fixed to a number of observations).
+        When the block's terms cannot be raced: no observed variable depends on
+        it, no observations, missing values, data baked into the graph as NumPy
+        arrays, a subset graph that disagrees with the full one (see
+        :ref:`observation-terms`).
     """
 
     def __init__(

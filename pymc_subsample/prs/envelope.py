@@ -151,14 +151,14 @@ class PliableEnvelope:
         self.width = (self.hi - self.lo) / self.n_cells
         self.log_cell_volume = float(np.sum(np.log(self.width)))
         self._log_tail_box = self.tail.log_mass(self.lo, self.hi) if self.tail else 0.0
-        self._refresh()
+        self.refresh()
 
     @property
     def dim(self) -> int:
         """Number of dimensions."""
         return len(self.lo)
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         """Recompute the cell and tail probabilities after ``log_cells`` or ``log_m`` changed."""
         log_w = self.log_cells + self.log_cell_volume
         log_grid = logsumexp(log_w)
@@ -216,7 +216,7 @@ class PliableEnvelope:
         if (~inside).any():
             ratio = target[~inside] - self.tail.logpdf(x[bad][~inside])
             self.log_m = max(self.log_m, float(ratio.max()))
-        self._refresh()
+        self.refresh()
         return int(bad.sum())
 
 
@@ -485,32 +485,21 @@ def fit_envelope(
         The paper's :math:`H_C` in units of the mean target value
         :math:`\bar f = \hat Z / V`: the envelope is then exactly
         :math:`\hat F_{h_0} + H_C \bar f \rho_T` (eq. 2). ``None`` (default)
-        chooses the bandwidth, :math:`\kappa` and :math:`r` from the points:
-        for each bandwidth :math:`h_0 2^{-j}`, :math:`j < 12` (:math:`1 \le j < 13`
-        for the log-linear estimate), the leave-one-out
-        estimate must cover every point's value
-        (:math:`\kappa \hat F_{-i}(X_i) + r \ge f(X_i)`, a linear program in
-        :math:`(\kappa, r)` with :math:`r \ge H_C \bar f \rho_T`, :math:`H_C` =
-        ``FLOOR_SCALE``), and the
-        bandwidth with the smallest envelope mass wins (the search stops after
-        two bandwidths worse than the best).
+        chooses the bandwidth among :math:`h_0 2^{-j}` and the scales
+        :math:`(\kappa, r)` from the points, by a leave-one-out linear program
+        that covers every point's value, keeping the smallest envelope mass
+        (:doc:`/explanation/pliable`).
     tail : ProductProposal or MixtureProposal, optional
         :math:`g` for the region outside the box (App. B).
     n_bandwidths : int
         Number of bandwidths tried.
     estimator : {"auto", "log-linear", "kernel"}
         ``"log-linear"``: :math:`\hat F = \exp` of the binned local-linear
-        regression of :math:`\log f` (:func:`log_linear_table`), which fits
-        peaks; the design densities :math:`q_i` then only enter :math:`\bar f`.
-        ``"kernel"``: the importance-weighted kernel estimate of :math:`f`
-        (eq. 1, :func:`kernel_table`). Both are scaled by the same rule.
-        ``"auto"`` (default) runs the bandwidth search for both and keeps the
-        smaller envelope mass (the kernel estimate only, when the log-linear
-        moments would exceed :data:`LOG_LINEAR_MAX_FLOATS`): log-space wins on
-        peaked, log-smooth targets (the clutter posterior), the kernel estimate
-        where :math:`\log f` is not smooth (a density vanishing at the box's
-        edge); with
-        ``envelope_scale`` it means ``"kernel"``.
+        regression of :math:`\log f` (:func:`log_linear_table`), which fits peaks;
+        ``"kernel"``: the importance-weighted kernel estimate of :math:`f` (eq. 1,
+        :func:`kernel_table`); ``"auto"`` (default) keeps the smaller envelope mass
+        of the two (the kernel estimate only beyond
+        :data:`LOG_LINEAR_MAX_FLOATS`, or with ``envelope_scale``).
 
     Returns
     -------

@@ -19,10 +19,12 @@ from .bounds import EBSBound, NormalBound, normal_threshold
 from .common import check_hooks, validate_race_args
 from .schedule import ExactSwitch, doubling_schedule
 
-__all__ = ["BATCHES", "RaceConfig", "RacePlan"]
+__all__ = ["BATCH_LAYOUTS", "RaceConfig", "RacePlan"]
 
-#: Names accepted by ``RaceConfig.batches``.
-BATCHES = ("blocks", "random", "windows")
+#: Names accepted by ``RaceConfig.batches`` (and ``RaceOptions.batches``, ``ObservationTerms``'
+#: ``batches``), the one list: contiguous blocks of a row-permuted copy of the data,
+#: independent random rows, or contiguous windows of the data in its own order.
+BATCH_LAYOUTS = ("blocks", "random", "windows")
 
 
 class RacePlan(NamedTuple):
@@ -135,7 +137,7 @@ class RaceConfig:
             object.__setattr__(self, "schedule", tuple(int(s) for s in self.schedule))
         if not isinstance(self.exact, ExactSwitch):
             raise TypeError(f"exact must be an ExactSwitch, got {self.exact!r}")
-        check_choice("batches", self.batches, BATCHES)
+        check_choice("batches", self.batches, BATCH_LAYOUTS)
         object.__setattr__(self, "delta", float(self.delta))
         object.__setattr__(self, "batch_size", int(self.batch_size))
 

@@ -95,44 +95,21 @@ class RacingStep(BlockedStep):
         :attr:`race_delta` may lower it, never raise it).
     race : RaceOptions
         How each race runs (:class:`~pymc_subsample.options.RaceOptions`), its
-        "auto" settings as the step leaves them: ``batch_size="auto"`` and
-        ``exact_fraction="auto"`` are then chosen by timing the model
-        (:meth:`_plan_races`); ``shuffle_every="auto"`` redraws the row
-        permutation behind ``"blocks"`` and ``"windows"`` every
-        :math:`\max(1, \lfloor N /` :data:`SHUFFLE_DIVISOR` :math:`\rfloor)`
-        draws, so that a redraw (one pass that moves every row) costs about a
-        tenth of a row move per draw; ``backoff`` decides exactly, without a
-        race, while most recent races gave up
-        (:class:`~pymc_subsample.mcmc.backoff.Backoff`, kept in ``_backoff`` and
-        reset at the start of every chain).
+        "auto" settings as the step leaves them: ``batch_size`` and
+        ``exact_fraction`` are then chosen by timing the model
+        (:meth:`_plan_races`); ``shuffle_every`` redraws the row permutation every
+        :math:`\max(1, \lfloor N /` :data:`SHUFFLE_DIVISOR` :math:`\rfloor)` draws;
+        ``backoff`` decides exactly while most recent races gave up
+        (:class:`~pymc_subsample.mcmc.backoff.Backoff`, reset at every chain).
     audit : AuditOptions
-        How the step checks its decisions (:class:`~pymc_subsample.options.AuditOptions`).
-        Every ``audit.every``-th draw also makes the exact decisions (0: never).
-        ``"auto"`` audits by a time budget: a draw is audited when the time
-        spent in audits so far is at most :data:`AUDIT_BUDGET` (5%) of this
-        step's own time in the chain,
-
-        .. math:: \text{audit draw } t \iff S_{\text{audit}}(t) \le 0.05\, S(t),
-
-        with :math:`S(t)` the time spent in this step's draws before draw
-        :math:`t` (audits included; the other steps of a compound step and
-        PyMC's own work are not) and :math:`S_{\text{audit}}(t)` the time of
-        the exact passes of the audits before it (each charged at most three
-        times the fastest one, so that a one-off stall does not stop the
-        audits). An audit costs one exact pass over the :math:`N`
-        observations, so audits are frequent when a race costs about as much
-        as an exact decision and rare when it costs much less; either way they
-        take about 5% of the step's time, however expensive the steps beside
-        it. Audits read no random numbers: they change the ``audit_agree``
-        stats, never the draws, until they find the races wrong: when the
-        audited error rate is significantly above ``delta``
-        (:func:`~pymc_subsample.mcmc.audit.error_rate_exceeds`), the step warns,
-        naming the likely cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and,
-        with ``audit.act`` (the default), decides exactly for the rest of its
-        run (:attr:`audit_exact`); with ``act=False`` it only warns, and keeps
-        racing. The exact decision an audit compares with is the model's own
-        joint log density on the original data at each candidate, not the
-        race's terms (:meth:`_joint_scores`).
+        How the step checks its decisions (:class:`~pymc_subsample.options.AuditOptions`):
+        every ``audit.every``-th draw, or (``"auto"``) draw :math:`t` when the time
+        spent in audits so far is at most :data:`AUDIT_BUDGET` of this step's own
+        time, :math:`S_{\text{audit}}(t) \le 0.05\, S(t)`, against the model's own
+        joint log density (:meth:`_joint_scores`). When the audited error rate is
+        significantly above ``delta``, the step warns and, with ``audit.act``,
+        decides exactly for the rest of its run (:attr:`audit_exact`). Details:
+        :ref:`racing-step`.
     data : list, optional
         Per-observation data inputs (:class:`~pymc_subsample.model.terms.ObservationTerms`).
     model, rng, initial_point, compile_kwargs, blocked

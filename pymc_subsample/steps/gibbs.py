@@ -13,16 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..mcmc.audit import scores_differ, zero_difference_share
-from ..mcmc.cost import compiled_look_cost
-from ..model.blocks import check_expand_in, prior_points
+from ..model.blocks import check_expand_in
 from ..model.expansion import Expansion
 from ..model.support import discrete_support
 from ..options import AuditOptions, RaceOptions, options_or_default, reject_moved_keywords
 from ..racing import sample_categorical
 from ..racing.common import argmax_or_raise
-from ..racing.compiled import CompiledRace, supports
+from ..racing.compiled import CompiledRace
 from ..racing.packed import DECIDED, EXACT_PASS
-from ..racing.state import sparse_arms
 from ..validation import ArgumentTypeError
 from .base import (
     AUDIT_AGREE,
@@ -30,14 +28,10 @@ from .base import (
     AUDIT_NOT_RUN,
     RacingStep,
 )
+from .gibbs_plan import COMPILED_MIN_OBS, CompiledRacePlanner
 
-__all__ = ["COMPILED_MIN_OBS", "SubsampledCategoricalGibbs"]
+__all__ = ["COMPILED_MIN_OBS", "DRAW_BUFFER", "SubsampledCategoricalGibbs"]
 
-#: Populations from this size on race in one compiled call per draw where they can
-#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built with the step);
-#: smaller ones race in Python (there a Python look's bookkeeping costs more than its
-#: terms; below it the defaults mostly decide exactly).
-COMPILED_MIN_OBS = 10_000
 #: Draws of Gumbel noise and compiled-race seeds a lone scalar takes from ``rng`` at a
 #: time (one call instead of two per draw).
 DRAW_BUFFER = 64
@@ -83,113 +77,60 @@ def _check_control_variates(control_variates) -> bool | dict:
     )
 
 
-class SubsampledCategoricalGibbs(RacingStep):
+class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
     r"""Gibbs step for bounded discrete variables that races on mini-batches.
 
     Each element of each variable in ``vars`` is redrawn in turn from its full
     conditional :math:`p(X=i \mid \cdot) \propto f_0(i)\prod_n f_n(i)`, with
     :math:`\log f_n` the per-observation log-likelihood terms and
     :math:`\log f_0` the rest of the Markov blanket
-    (:class:`~pymc_subsample.model.terms.ObservationTerms`). The draw is Gumbel-max
-    with a race on growing shared mini-batches
-    (:func:`~pymc_subsample.racing.sample_categorical`): its law is within total
-    variation ``delta`` of the exact conditional (Chen & Ghahramani 2016, Prop. 1 and 3, under
-    the bound's assumptions); ``race=RaceOptions(bound="exact")`` is an exact
-    Gibbs draw over all :math:`N` observations.
+    (:class:`~pymc_subsample.model.terms.ObservationTerms`). The draw is Gumbel-max,
+    :math:`\arg\max_i \log f_0(i) + \sum_n \log f_n(i) + \varepsilon_i`, with a race
+    on growing shared mini-batches (:func:`~pymc_subsample.racing.sample_categorical`):
+    its law is within total variation ``delta`` of the exact conditional (Chen &
+    Ghahramani 2016, Prop. 1 and 3, under the bound's assumptions). Control variates,
+    compiled races and the sampler stats: :ref:`gibbs-step`.
 
     Parameters
     ----------
     vars : list
-        Discrete variables with a support known when the step is built
-        (scalar or vector; a vector is updated element by element, each with
-        its own race): Bernoulli, Categorical (OrderedLogistic and
-        OrderedProbit are Categoricals), DiscreteUniform, Binomial,
-        BetaBinomial, HyperGeometric, and Truncated with an upper bound, with
-        bounds that do not depend on other free variables and at most
-        :data:`~pymc_subsample.model.support.MAX_CATEGORIES` values
-        (:func:`~pymc_subsample.model.support.discrete_support`). Others are
-        refused, naming the variable and the fix.
+        Discrete variables with a support known when the step is built (scalar or
+        vector; a vector is updated element by element, each with its own race):
+        Bernoulli, Categorical (OrderedLogistic and OrderedProbit are Categoricals),
+        DiscreteUniform, Binomial, BetaBinomial, HyperGeometric, and Truncated with
+        an upper bound, with bounds that do not depend on other free variables and at
+        most :data:`~pymc_subsample.model.support.MAX_CATEGORIES` values
+        (:func:`~pymc_subsample.model.support.discrete_support`). Others are refused,
+        naming the variable and the fix.
     delta : float
         Error allowed per draw, in (0, 1).
     data : list of pm.Data, optional
-        The per-observation data inputs; guessed when omitted
-        (:class:`~pymc_subsample.model.terms.ObservationTerms`).
+        The per-observation data inputs; guessed when omitted.
     race : RaceOptions, optional
-        How each race runs (:class:`~pymc_subsample.options.RaceOptions`):
-        bound, first batch, exact switch, batch layout, back-off. The default
-        races with the normal bound and chooses the first batch and the exact
-        switch by timing the model at construction;
-        ``RaceOptions(bound="exact")`` draws exactly over all :math:`N`
-        observations. A race is on the :math:`D` values' terms: the back-off
-        is kept per element of the block.
+        How each race runs (:class:`~pymc_subsample.options.RaceOptions`); the
+        default times the model to choose the first batch and the exact switch;
+        ``RaceOptions(bound="exact")`` draws exactly over all :math:`N` observations.
+        The back-off is kept per element of the block.
     audit : AuditOptions, optional
         How often a draw is checked against the exact Gibbs draw for the same
-        Gumbel noise (Gumbel-max on the model's own joint log density at each
-        value), and what a failed audit does
+        Gumbel noise, and what a failed audit does
         (:class:`~pymc_subsample.options.AuditOptions`).
     control_variates : bool or dict
-        Race on the residuals of a second-order expansion of the terms in the
-        other continuous variables :math:`\psi` they depend on, around a
-        reference :math:`\hat\psi` (Chen & Ghahramani 2016, Sec. 4; the
-        expansion is in the parameters rather than the data), with
-        :math:`\Delta = \psi - \hat\psi`:
-
-        .. math:: h_n(i) = \log f_n(i; \hat\psi) + D_\psi \log f_n(i;
-                  \hat\psi)[\Delta] + \tfrac12 D^2_\psi \log f_n(i;
-                  \hat\psi)[\Delta, \Delta],
-
-        whose sums :math:`S_i = \sum_n \log f_n(i; \hat\psi)`, its gradient
-        :math:`G_i` and Hessian :math:`H_i` in :math:`\hat\psi` take one full
-        pass per candidate and are cached; the race then reads :math:`\log
-        f_n(i;\psi) - h_n(i)` (the directional derivatives by forward mode, on
-        the batch) with :math:`S_i + G_i^\top\Delta + \Delta^\top H_i
-        \Delta/2` added to :math:`\log f_0(i)`. First order only when
-        :math:`\psi` has more than
-        :data:`~pymc_subsample.model.expansion.MAX_SECOND_ORDER_INPUTS` coordinates.
-        The decision is unchanged; the residuals are third order in
-        :math:`\Delta` (second order above that size).
-        ``True``: the reference is the current point, renewed whenever the
-        row permutation is redrawn and at the end of tuning. A dict: a fixed
-        reference point (values of the continuous value variables, e.g. a
-        MAP). The cached sums are renewed whenever the other elements of the
-        block or discrete inputs change, so this pays for a scalar selector
-        whose neighbours move little, not for a vector updated element by
-        element. ``False`` (default): races on the raw terms.
+        Race on the residuals of a second-order expansion of the terms in the other
+        continuous variables :math:`\psi` they depend on (Chen & Ghahramani 2016,
+        Sec. 4), around the current point (``True``, renewed with the row
+        permutation and at the end of tuning) or a fixed reference point (a dict).
+        ``False`` (default): races on the raw terms.
     expand_in : sequence of str, optional
-        Deterministics of the model in which to expand instead of the value
-        variables (:class:`~pymc_subsample.model.expansion.Expansion`, its
-        ``coordinates``): with
-        :math:`\phi = \phi(\psi)`, the expansion above is in :math:`\phi` and
-        :math:`\Delta = \phi(\psi) - \phi(\hat\psi)`. For parameters whose
-        terms are smooth in a transformed value, e.g. ARCH coefficients
-        :math:`\alpha = \mathrm{softplus}(z)` near zero, where the terms are
-        far from quadratic in :math:`z` but linear-in-variance in
-        :math:`\alpha`. Requires ``control_variates``.
+        Deterministics :math:`\phi(\psi)` of the model in which to expand instead of
+        the value variables (:class:`~pymc_subsample.model.expansion.Expansion`).
+        Requires ``control_variates``.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
     **moved
-        Keywords that moved into the options objects (``bound``,
-        ``batch_size``, ``audit_every``, ...): each raises a ``TypeError``
-        that names its new place (:func:`~pymc_subsample.options.reject_moved_keywords`).
-
-    Notes
-    -----
-    For a lone scalar variable without control variates, at :math:`N \ge`
-    :data:`COMPILED_MIN_OBS` and with the exact switch before half of the
-    data, each race runs in one compiled call
-    (:class:`~pymc_subsample.racing.compiled.CompiledRace`, the same
-    decisions as the Python race), compiled when the step is built.
-
-    Sampler stats, one value per draw: ``n_evals`` (per-observation terms
-    evaluated, summed over the elements updated), ``frac_evals`` (the share of
-    the :math:`N` observations a decision read, averaged over the elements
-    updated: 1 for an exact draw; the same meaning in
-    :class:`~pymc_subsample.RacingMetropolis`), ``n_rounds`` (race looks),
-    ``exhausted`` (some race needed all :math:`N`), ``n_raced`` (elements
-    drawn by a race rather than exactly, see ``RaceOptions.backoff``), ``audit_agree``
-    (1: the audited draw agreed with the exact decision for every element
-    raced, 0: it did not, -1: not audited) and ``audit_exact`` (the draw was
-    exact because audits had found the races wrong, see ``audit``).
+        Keywords that moved into the options objects (``bound``, ``batch_size``,
+        ``audit_every``, ...): each raises a ``TypeError`` that names its new place
+        (:func:`~pymc_subsample.options.reject_moved_keywords`).
     """
 
     name = "subsampled_categorical_gibbs"
@@ -252,6 +193,28 @@ class SubsampledCategoricalGibbs(RacingStep):
         self._set_control_variates(control_variates, expand_in)
         self._plan_races(max(self.n_categories))
         self._plan_compiled()
+
+    # -- read-only views ---------------------------------------------------------------
+
+    @property
+    def candidate_values(self) -> list[np.ndarray]:
+        """Each variable's candidate values (its support): a race's winner indexes them."""
+        return self._values
+
+    @property
+    def compiled(self) -> bool:
+        """True when the races run in one compiled call per draw (:ref:`gibbs-step`)."""
+        return self._compiled
+
+    @property
+    def compiled_race(self) -> CompiledRace | None:
+        """The compiled race driver when :attr:`compiled`, else None."""
+        return self._compiled_race if self._compiled else None
+
+    @property
+    def reference(self) -> dict | None:
+        r"""The control variates' reference point :math:`\hat\psi` (None without them)."""
+        return self._reference
 
     # -- control variates ------------------------------------------------------------
 
@@ -569,92 +532,6 @@ class SubsampledCategoricalGibbs(RacingStep):
             self._renew_reference(point)
         if resized:
             self._plan_compiled(point)
-
-    def _plan_compiled(self, point=None) -> None:
-        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.
-
-        A compiled look costs a few microseconds where a Python one costs tens,
-        so the "auto" first batch and exact switch, chosen by timing Python
-        looks, are chosen again by timing compiled ones
-        (:func:`~pymc_subsample.mcmc.cost.compiled_look_cost`), whatever the Python
-        timing chose (even deciding at once), when the compiled race applies
-        with the new plan. Timed and warmed up at ``point`` (default: the
-        initial point).
-        """
-        self._compiled = False
-        if not self._compiled_structure() or self._sparse_differences():
-            return
-        terms = self.terms
-        n_cat, n_obs = self.n_categories[0], terms.n_obs
-        point = self.initial_point if point is None else point
-        others = tuple(terms.other_arrays(point))
-        if any(self._auto_plan) and self._exact_seconds is not None:
-            before = (self.batch_size, self.exact_switch, self.race_config)
-            look = compiled_look_cost(
-                terms.compiled_rows(), self._values[0], others, n_obs, np.random.default_rng(0)
-            )
-            self._choose_plan(look)
-            if not self._compiled_applies():  # keep the Python-timed plan
-                self.batch_size, self.exact_switch, self.race_config = before
-        self._compiled = self._compiled_applies()
-        if not self._compiled:
-            return
-        self._reads_others = bool(others)  # a race reads the other inputs at each draw
-        # compile the driver before sampling (a second or two, once)
-        self._compiled_race = CompiledRace(
-            terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
-        )
-        self._race_compiled(np.zeros(n_cat), point, seed=np.zeros(1, dtype=np.uint64))
-
-    def _sparse_differences(self, rows: int = 512, arms: int = 4096) -> bool:
-        """Return True when values' terms equal the best one's on most rows of a probe.
-
-        At the initial point and two draws from the prior, on ``rows`` random
-        rows (:func:`~pymc_subsample.racing.state.sparse_arms`). Races of such
-        a variable (a change point, a value that touches few observations)
-        keep those values to an exact pass, which the Python race does at
-        every look; the compiled race does not, so it is not used.
-        """
-        terms, values = self.terms, self._values[0]
-        rng = np.random.default_rng(0)
-        for point in [self.initial_point, *prior_points(self.model, 2, seed=1)]:
-            idx = np.sort(rng.choice(terms.n_obs, size=min(rows, terms.n_obs), replace=False))
-            batch = np.concatenate(
-                [
-                    terms.loglik_subset([values[a : a + arms]], idx, point)
-                    for a in range(0, len(values), arms)
-                ]
-            )
-            finite = np.isfinite(batch).all(axis=1)
-            if finite.sum() > 1:
-                batch = batch[finite]
-                if sparse_arms(batch, int(batch.mean(axis=1).argmax())).any():
-                    return True
-        return False
-
-    def _compiled_structure(self) -> bool:
-        """Return True for a lone scalar, no control variates, compiled rows, large N."""
-        terms = self.terms
-        return bool(
-            terms.n_obs >= COMPILED_MIN_OBS
-            and self.bound == "normal"
-            and not self.control_variates
-            and self._lone
-            and terms.compiled_rows() is not None
-        )
-
-    def _compiled_applies(self) -> bool:
-        """Return True when the step races compiled.
-
-        :meth:`_compiled_structure` holds and the plan :func:`supports` a
-        compiled race (and does not decide every draw exactly).
-        """
-        return bool(
-            self._compiled_structure()
-            and self.race_config is not None
-            and not self.decides_exactly
-            and supports(self.race_config, self.n_categories[0], self.terms.n_obs, totals=True)
-        )
 
     def data_changed(self) -> None:
         """Take up new data values; refuse new values that change a variable's support.

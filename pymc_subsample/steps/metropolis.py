@@ -70,15 +70,9 @@ _REFIT_SHARE = 0.25
 class RacingMetropolisState(RacingStepState):
     """Everything a draw of :class:`RacingMetropolis` changes, for PyMC's ``sampling_state``.
 
-    Saved and restored as PyMC's ``MetropolisState`` is: restoring a state
-    gives the same next draws from the same point. The tuned settings (scale,
-    HMC step size and path length, the acceptances behind
-    :attr:`RacingMetropolis.race_delta`) and the per-chain counters (back-off,
-    chain start) are here. What the step fitted to the data (surrogate, mass
-    matrix, sums per value of the other inputs) and what it found about the
-    model (:attr:`RacingMetropolis.regime`, ``audit_exact``) are not: they are
-    kept across chains, and only new data change them. The row permutation is
-    not either: a state restored after the step redrew it reads other rows.
+    Saved and restored as PyMC's ``MetropolisState`` is: restoring a state gives
+    the same next draws from the same point. What it holds and leaves out:
+    :ref:`metropolis-step`.
     """
 
     tune: bool
@@ -96,16 +90,14 @@ class RacingMetropolis(RacingStep):
     r"""Metropolis–Hastings step for continuous variables with a racing accept test.
 
     Updates a block of continuous variables in PyMC's unconstrained value space.
-    At its first step it finds the posterior bulk from wherever the chain
-    starts: Newton steps on the log posterior, whose gradient and Hessian are
-    finite differences of the per-observation terms summed over the data
-    (first on a window of at most 50,000 observations, then on all), which
-    also give the quadratic surrogate :math:`h_n` at the mode
-    :math:`\hat\theta` and the mass matrix :math:`M = -\nabla^2(\log f_0 + \sum_n
-    h_n)(\hat\theta)`. During tuning the chain then starts at :math:`\hat\theta`.
-    Each accept/reject decision agrees with exact MH for the same proposal and
-    :math:`u` with probability at least :math:`1-\delta` under the bound's
-    assumptions.
+    A move from :math:`\theta` to :math:`\theta'` is accepted iff
+    :math:`\log u < \log f_0(\theta') - \log f_0(\theta) + \sum_n (l_n(\theta') -
+    l_n(\theta)) + c`, the sum decided by a two-arm race on the residuals
+    :math:`l_n - h_n` of a second-order control variate :math:`h_n` fitted at the
+    posterior mode (Chen & Ghahramani 2016, Sec. 4; Bardenet, Doucet & Holmes 2017):
+    each decision agrees with exact MH for the same proposal and :math:`u` with
+    probability at least :math:`1-\delta` under the bound's assumptions. The
+    warm-up, the proposals, the state and the sampler stats: :ref:`metropolis-step`.
 
     Parameters
     ----------
@@ -114,110 +106,44 @@ class RacingMetropolis(RacingStep):
     delta : float
         Error allowed per accept/reject decision, in (0, 1).
     proposal : {"hmc", "normal", "langevin"}, optional
-        ``"hmc"`` (default): a leapfrog trajectory of ``path_length`` (in
-        units of the posterior scale) with mass matrix :math:`M` on the
-        surrogate :math:`\log f_0 + \sum_n h_n`, the momentum flipped at the
-        end; it costs :math:`O(d^2)` and a gradient of :math:`\log f_0` per step
-        and reads no data; the step size is tuned by dual averaging towards an
-        acceptance of 0.8 of the leapfrog integrator on the surrogate (Hoffman &
-        Gelman 2014), and the path length, during tuning, towards an acceptance
-        of 0.4 of the exact test (where the surrogate misfits the posterior,
-        shorter paths are accepted more often). When the exact test accepts
-        under 5% of 100 tuning trajectories, the step warns and falls back to
-        the preconditioned random walk for the rest of its run. ``"normal"``: Gaussian
-        random walk, preconditioned by :math:`M^{-1}` unless ``scaling`` is
-        given. ``"langevin"``: stochastic-gradient Langevin proposal
-        :math:`\theta' = \theta + \frac{\epsilon^2}{2} g(\theta) + \epsilon z`
-        with :math:`g` the exact gradient of :math:`\log f_0` plus :math:`N/m`
-        times that of a mini-batch of ``gradient_batch`` observations (both in
-        ``proposal_options``); the
-        proposal density ratio enters the test. Default: ``"hmc"``, or
-        ``"normal"`` with ``ProposalOptions(elemwise=True)``.
+        ``"hmc"``: a leapfrog trajectory on the surrogate
+        :math:`\log f_0 + \sum_n h_n` with the Laplace mass matrix, which reads no
+        data (Hoffman & Gelman 2014 for its step size); ``"normal"``: a
+        preconditioned Gaussian random walk; ``"langevin"``: a stochastic-gradient
+        Langevin proposal. Default: ``"hmc"``, or ``"normal"`` with
+        ``ProposalOptions(elemwise=True)``.
     scaling : float, optional
-        ``"hmc"``: initial leapfrog step size in units of the posterior scale
-        (default 0.5). ``"normal"``: None (default) adapts a step of
-        :math:`2.38/\sqrt d` in units of :math:`M^{-1/2}`; a number is an
-        absolute isotropic scale, as ``pm.Metropolis``'s. ``"langevin"``:
-        :math:`\epsilon` (default 1). Tuned during tuning.
+        Initial leapfrog step size (``"hmc"``, in units of the posterior scale,
+        default 0.5), absolute isotropic scale (``"normal"``; None adapts
+        :math:`2.38/\sqrt d` in units of the Laplace scale) or :math:`\epsilon`
+        (``"langevin"``, default 1). Tuned during tuning.
     data : list of pm.Data, optional
         The per-observation data inputs (guessed when omitted).
     race : RaceOptions, optional
-        How each race runs (:class:`~pymc_subsample.options.RaceOptions`);
-        its "auto" first batch is 50 here and its exact switch a quarter of
-        the data. ``RaceOptions(bound="exact")`` is plain MH on all :math:`N`
-        observations; ``"lilucb"`` and ``variance="marginal"`` are refused
-        (an accept test races two points on shared observations). The
-        back-off counts a race as given up when it evaluated at least half of
-        an exact decision's :math:`2N` terms (counted as ``n_evals`` counts
-        them), per dimension with ``elemwise``.
+        How each race runs (:class:`~pymc_subsample.options.RaceOptions`); its
+        "auto" first batch is 50 here and its exact switch a quarter of the data.
+        ``RaceOptions(bound="exact")`` is plain MH on all :math:`N` observations;
+        ``"lilucb"`` and ``variance="marginal"`` are refused.
     audit : AuditOptions, optional
         How often a draw's decisions are checked against exact MH for the same
-        proposals and :math:`u` (:math:`\log u` against the difference of the
-        model's own joint log density, on the original data, at the proposal
-        and the current point, plus :math:`c`), and what a failed audit does
+        proposals and :math:`u`, and what a failed audit does
         (:class:`~pymc_subsample.options.AuditOptions`).
     proposal_options : ProposalOptions, optional
-        The proposals' tuning (:class:`~pymc_subsample.options.ProposalOptions`):
-        a covariance estimate that replaces the Laplace one (use it where the
-        Laplace approximation misfits, e.g. many coefficients at a support
-        boundary), the HMC path length (the number of leapfrog steps is
-        ``ceil(path_length / step size)``, at most 100), the tuning interval,
-        the Langevin gradient's batch and target acceptance, and ``elemwise``.
+        The proposals' tuning (:class:`~pymc_subsample.options.ProposalOptions`).
     control_variates : bool
-        Race on the residuals :math:`l_n - h_n` (default). The surrogate is
-        built whenever this is on or the proposal is ``"hmc"``. If the terms
-        are not finite on the stencil (a support boundary), the step warns and
-        races on the raw terms with a random walk. Ignored by the race with
-        ``RaceOptions(bound="exact")`` (plain MH sums everything).
+        Race on the residuals :math:`l_n - h_n` (default); if the terms are not
+        finite on the stencil, the step warns and races on the raw terms with a
+        random walk.
     expand_in : sequence of str, optional
-        Deterministics of the block :math:`\phi = \phi(\theta)` (names) in which
-        the control variates expand the terms instead of :math:`\theta`:
-        :math:`h_n = l_n(\hat\phi) + \nabla l_n(\hat\phi)^\top\Delta +
-        \tfrac12\Delta^\top\nabla^2 l_n(\hat\phi)\Delta` with
-        :math:`\Delta = \phi(\theta) - \phi(\hat\theta)` at the fitted mode
-        :math:`\hat\theta` (one more pass over the data for the sums). For
-        parameters that enter the terms through a transform that is far from
-        linear over the posterior, e.g. coefficients
-        :math:`\alpha = \mathrm{softplus}(z)` at their boundary. The surrogate
-        behind the HMC proposal is then this expansion too, read as a function
-        of :math:`\theta` (:class:`~pymc_subsample.mcmc.surrogate.CoordinateSurrogate`;
-        the mode and the mass matrix stay those of :math:`\theta`). Requires
+        Deterministics :math:`\phi(\theta)` of the block in which the control
+        variates expand the terms instead of :math:`\theta`. Requires
         ``control_variates``.
     model, rng, initial_point, compile_kwargs, blocked
         As for PyMC's step methods.
     **moved
-        Keywords that moved into the options objects (``bound``,
-        ``batch_size``, ``covariance``, ``elemwise``, ...): each raises a
-        ``TypeError`` that names its new place
-        (:func:`~pymc_subsample.options.reject_moved_keywords`).
-
-    Notes
-    -----
-    Sampler stats per draw: ``accept`` (acceptance probability estimated from
-    the race's means; exact for exhausted races), ``accepted`` (fraction of
-    proposals accepted), ``scaling`` (step size or scale), ``n_evals``
-    (per-observation evaluations: both points on each batch, each of the
-    Taylor residual's three parts counted, or the stencil's points with the
-    stencil fallback; the warm-up's passes), ``frac_evals`` (the share of the
-    :math:`N` observations a decision read, averaged over the draw's decisions:
-    1 for an exact decision; the same meaning in
-    :class:`~pymc_subsample.SubsampledCategoricalGibbs`), ``exhausted``,
-    ``n_decisions``, ``n_audited`` and ``n_wrong``
-    (audited decisions and those that differed from exact MH: their sums over
-    draws give the per-decision error rate), ``n_raced`` (decisions raced; the
-    others were made exactly by the back-off), ``n_refits`` (recomputations
-    of the control variates' sums, see below, each one or more passes over
-    the data counted in ``n_evals``), ``audit_agree`` (1/0, −1 when not
-    audited), ``audit_exact`` (the draw's decisions were exact because audits had
-    found the races wrong), ``tune`` and ``regime`` (the proposal in use:
-    :attr:`Regime.code <pymc_subsample.mcmc.regime.Regime.code>`, 0 as chosen; see
-    :attr:`regime`).
-
-    The terms may read other value variables :math:`\psi` that other steps
-    move: the control variates' sums are then kept per value of :math:`\psi`
-    and refitted at new ones (:mod:`~pymc_subsample.mcmc.laplace`); where
-    :math:`\psi` changes at most draws, the step warns, naming the inputs to
-    put in its block.
+        Keywords that moved into the options objects (``bound``, ``batch_size``,
+        ``covariance``, ``elemwise``, ...): each raises a ``TypeError`` that names
+        its new place (:func:`~pymc_subsample.options.reject_moved_keywords`).
     """
 
     _state_class = RacingMetropolisState

@@ -1,0 +1,121 @@
+"""When :class:`~pymc_subsample.SubsampledCategoricalGibbs` races compiled, planned once.
+
+A lone scalar variable without control variates races in one compiled call per draw
+(:class:`~pymc_subsample.racing.compiled.CompiledRace`, the same decisions as the
+Python race) when its population is large and its plan supports it; see
+:ref:`gibbs-step`. :class:`CompiledRacePlanner` holds that planning; the compiled
+draw itself stays with the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..mcmc.cost import compiled_look_cost
+from ..model.blocks import prior_points
+from ..racing.compiled import CompiledRace, supports
+from ..racing.state import sparse_arms
+
+__all__ = ["COMPILED_MIN_OBS", "CompiledRacePlanner"]
+
+#: Populations from this size on race in one compiled call per draw where they can
+#: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built with the step);
+#: smaller ones race in Python (there a Python look's bookkeeping costs more than its
+#: terms; below it the defaults mostly decide exactly).
+COMPILED_MIN_OBS = 10_000
+
+
+class CompiledRacePlanner:
+    """Mixin of :class:`~pymc_subsample.SubsampledCategoricalGibbs`: plan its compiled races.
+
+    Decides whether the step's races run compiled (its ``compiled``), re-chooses
+    the "auto" first batch and exact switch by timing compiled looks, and builds
+    and warms up the :class:`~pymc_subsample.racing.compiled.CompiledRace` (its
+    ``compiled_race``). Reads the step's terms, values, plan and settings.
+    """
+
+    def _plan_compiled(self, point=None) -> None:
+        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.
+
+        A compiled look costs a few microseconds where a Python one costs tens,
+        so the "auto" first batch and exact switch, chosen by timing Python
+        looks, are chosen again by timing compiled ones
+        (:func:`~pymc_subsample.mcmc.cost.compiled_look_cost`), whatever the Python
+        timing chose (even deciding at once), when the compiled race applies
+        with the new plan. Timed and warmed up at ``point`` (default: the
+        initial point).
+        """
+        self._compiled = False
+        if not self._compiled_structure() or self._sparse_differences():
+            return
+        terms = self.terms
+        n_cat, n_obs = self.n_categories[0], terms.n_obs
+        point = self.initial_point if point is None else point
+        others = tuple(terms.other_arrays(point))
+        if any(self._auto_plan) and self._exact_seconds is not None:
+            before = (self.batch_size, self.exact_switch, self.race_config)
+            look = compiled_look_cost(
+                terms.compiled_rows(), self._values[0], others, n_obs, np.random.default_rng(0)
+            )
+            self._choose_plan(look)
+            if not self._compiled_applies():  # keep the Python-timed plan
+                self.batch_size, self.exact_switch, self.race_config = before
+        self._compiled = self._compiled_applies()
+        if not self._compiled:
+            return
+        self._reads_others = bool(others)  # a race reads the other inputs at each draw
+        # compile the driver before sampling (a second or two, once)
+        self._compiled_race = CompiledRace(
+            terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
+        )
+        self._race_compiled(np.zeros(n_cat), point, seed=np.zeros(1, dtype=np.uint64))
+
+    def _sparse_differences(self, rows: int = 512, arms: int = 4096) -> bool:
+        """Return True when values' terms equal the best one's on most rows of a probe.
+
+        At the initial point and two draws from the prior, on ``rows`` random
+        rows (:func:`~pymc_subsample.racing.state.sparse_arms`). Races of such
+        a variable (a change point, a value that touches few observations)
+        keep those values to an exact pass, which the Python race does at
+        every look; the compiled race does not, so it is not used.
+        """
+        terms, values = self.terms, self._values[0]
+        rng = np.random.default_rng(0)
+        for point in [self.initial_point, *prior_points(self.model, 2, seed=1)]:
+            idx = np.sort(rng.choice(terms.n_obs, size=min(rows, terms.n_obs), replace=False))
+            batch = np.concatenate(
+                [
+                    terms.loglik_subset([values[a : a + arms]], idx, point)
+                    for a in range(0, len(values), arms)
+                ]
+            )
+            finite = np.isfinite(batch).all(axis=1)
+            if finite.sum() > 1:
+                batch = batch[finite]
+                if sparse_arms(batch, int(batch.mean(axis=1).argmax())).any():
+                    return True
+        return False
+
+    def _compiled_structure(self) -> bool:
+        """Return True for a lone scalar, no control variates, compiled rows, large N."""
+        terms = self.terms
+        return bool(
+            terms.n_obs >= COMPILED_MIN_OBS
+            and self.bound == "normal"
+            and not self.control_variates
+            and self._lone
+            and terms.compiled_rows() is not None
+        )
+
+    def _compiled_applies(self) -> bool:
+        """Return True when the step races compiled.
+
+        :meth:`_compiled_structure` holds and the plan :func:`supports` a
+        compiled race (and does not decide every draw exactly).
+        """
+        return bool(
+            self._compiled_structure()
+            and self.race_config is not None
+            and not self.decides_exactly
+            and supports(self.race_config, self.n_categories[0], self.terms.n_obs, totals=True)
+        )
