@@ -66,6 +66,10 @@ def test_the_expansion_in_the_block_adds_up_and_caches_by_the_other_inputs(model
     ref = np.array([0.2, 0.5])
     thetas = ref + np.array([[0.05, -0.1], [-0.2, 0.3]])
     value, grad, hess = expansion.sums(ref, point)
+    # the value and gradient alone (no Hessian pass) are the same numbers
+    value1, grad1, none = expansion.sums(ref, point, hessian=False)
+    assert none is None and value1 == pytest.approx(value, rel=1e-12)
+    np.testing.assert_allclose(grad1, grad, rtol=1e-12)
     res = expansion.residual_batch(thetas, slice(0, terms.n_obs), point, ref)
     delta = thetas - ref
     taylor = value + delta @ grad + 0.5 * np.einsum("ki,ij,kj->k", delta, hess, delta)

@@ -268,6 +268,12 @@ class LaplaceFit:
         def log_f0(x):
             return float(self.terms.log_f0(self.block.candidates(x[None]), point)[0])
 
+        def sum_grad(x):  # value and gradient alone: no Hessian, O(d) per observation
+            _, grad, _ = self._expansion.sums(x, point, hessian=False)
+            if not np.isfinite(grad).all():
+                raise FloatingPointError("the log-likelihood is not finite at the reference")
+            return grad, 2 * self.terms.n_obs
+
         return LogPosterior(
             dim=self.dim,
             n_obs=self.terms.n_obs,
@@ -275,6 +281,7 @@ class LaplaceFit:
             sums=lambda rows, window: self.sums(rows, point, window),
             log_f0=log_f0,
             f0_grad=lambda x: self.f0_grad(x, point),
+            sum_grad=sum_grad if self._autodiff else None,
         )
 
     def fit_mode(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, int]:
