@@ -48,9 +48,11 @@ from dataclasses import dataclass, field
 import _paths  # noqa: F401 (puts tests/, home of the support package, on sys.path)
 import numpy as np
 
-from support.models import COEFS, logistic_data, logistic_model, studentt_data, studentt_model
+from support.models import logistic_data, logistic_model, studentt_data, studentt_model
 
 PEERS = ("numpyro_nuts", "numpyro_hmcecs", "nutpie")
+#: Groups of the hierarchical model's numpyro version (``support.models.hierarchical_data``).
+HIERARCHICAL_GROUPS = 100
 INSTALL = "pip install -e '.[peers]'"
 
 
@@ -165,16 +167,21 @@ def _summarise(
     obs_per_gradient: int,
     reference_seconds: float = 0.0,
     extra: dict[str, float] | None = None,
+    ess_of: tuple[str, ...] | None = ("a", "b"),
 ) -> PeerResult:
-    """Turn (chain, draw, ...) arrays into a :class:`PeerResult` (ESS and MCSE by arviz)."""
+    """Turn (chain, draw, ...) arrays into a :class:`PeerResult` (ESS and MCSE by arviz).
+
+    ``min_ess`` is over the entries of the variables ``ess_of`` (all when None).
+    """
     import arviz as az
 
     flat = _flatten(samples)
     ess = {k: float(az.ess(v, method="bulk")) for k, v in flat.items()}
     chains, draws = next(iter(flat.values())).shape
+    counted = [k for k in flat if ess_of is None or k.split("[")[0] in ess_of]
     return PeerResult(
         name=name,
-        min_ess=min(ess[k] for k in COEFS),
+        min_ess=min(ess[k] for k in counted),
         seconds=seconds,
         compile_seconds=compile_seconds,
         gradient_evals=gradient_evals,
@@ -193,28 +200,50 @@ def _summarise(
 
 
 def _numpyro_model(kind: str, subsample_size: int | None = None):
-    """Return the numpyro model ``model(x, y)`` of ``kind`` (subsampled plate if asked)."""
+    """Return the numpyro model of ``kind`` on its data arrays (subsampled plate if asked).
+
+    ``kind``: ``"logistic"`` (any number of covariates), ``"studentt"`` (``nu = 4``),
+    ``"studentt_nu"`` (``nu ~ Gamma(2, 0.1)``), each called as ``model(x, y)``, or
+    ``"hierarchical"``, called as ``model(x, g, y)`` with 100 groups; the priors of
+    ``tests/support/models.py``.
+    """
     import jax.numpy as jnp
     import numpyro
     import numpyro.distributions as dist
 
-    def model(x, y):
-        a = numpyro.sample("a", dist.Normal(0.0, 3.0))
-        b = numpyro.sample("b", dist.Normal(0.0, 3.0).expand([4]).to_event(1))
-        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0)) if kind == "studentt" else None
+    def model(*data):
+        x, y = data[0], data[-1]
+        k = x.shape[1]
+        if kind == "hierarchical":
+            mu_a = numpyro.sample("mu_a", dist.Normal(0.0, 3.0))
+            tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+            alpha = numpyro.sample(
+                "alpha", dist.Normal(mu_a, tau).expand([HIERARCHICAL_GROUPS]).to_event(1)
+            )
+        else:
+            a = numpyro.sample("a", dist.Normal(0.0, 3.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 3.0).expand([k]).to_event(1))
+        sigma = None
+        if kind != "logistic":
+            sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        nu = numpyro.sample("nu", dist.Gamma(2.0, 0.1)) if kind == "studentt_nu" else 4.0
         with numpyro.plate("N", x.shape[0], subsample_size=subsample_size):
             xb = numpyro.subsample(x, event_dim=1)
             yb = numpyro.subsample(y, event_dim=0)
+            if kind == "hierarchical":
+                gb = numpyro.subsample(data[1], event_dim=0)
+                numpyro.sample("y", dist.Normal(alpha[gb] + jnp.matmul(xb, b), sigma), obs=yb)
+                return
             eta = a + jnp.matmul(xb, b)
             if kind == "logistic":
                 numpyro.sample("y", dist.Bernoulli(logits=eta), obs=yb)
             else:
-                numpyro.sample("y", dist.StudentT(4.0, eta, sigma), obs=yb)
+                numpyro.sample("y", dist.StudentT(nu, eta, sigma), obs=yb)
 
     return model
 
 
-def _map_reference(model, x, y, seed: int) -> tuple[dict, float, float]:
+def _map_reference(model, data: tuple, seed: int) -> tuple[dict, float, float]:
     """Full-data MAP by BFGS from the prior median, as a user would find a reference.
 
     Returns the constrained MAP, the compile time (ahead-of-time lowering and
@@ -229,25 +258,25 @@ def _map_reference(model, x, y, seed: int) -> tuple[dict, float, float]:
     info = initialize_model(  # dynamic_args: the data are arguments of the jitted solve
         jax.random.key(seed),
         model,
-        model_args=(x, y),
+        model_args=data,
         init_strategy=init_to_median,
         dynamic_args=True,
     )
     z0 = dict(info.param_info.z)
     flat0, unravel = ravel_pytree(z0)
 
-    def solve(flat, x, y):
+    def solve(flat, *data):
         def objective(f):
-            return info.potential_fn(x, y)(unravel(f))
+            return info.potential_fn(*data)(unravel(f))
 
         return minimize(objective, flat, method="BFGS", options={"maxiter": 200}).x
 
     t0 = time.perf_counter()
-    compiled = jax.jit(solve).lower(flat0, x, y).compile()
+    compiled = jax.jit(solve).lower(flat0, *data).compile()
     t1 = time.perf_counter()
-    flat = compiled(flat0, x, y).block_until_ready()
+    flat = compiled(flat0, *data).block_until_ready()
     t2 = time.perf_counter()
-    constrained = info.postprocess_fn(x, y)(unravel(flat))
+    constrained = info.postprocess_fn(*data)(unravel(flat))
     ref = {k: constrained[k] for k in z0}
     return ref, t1 - t0, t2 - t1
 
@@ -290,8 +319,7 @@ class _jax_compile_clock:
 def _numpyro_run(
     label: str,
     kind: str,
-    x: np.ndarray,
-    y: np.ndarray,
+    data: tuple,
     *,
     subsample_size: int | None,
     num_blocks: int,
@@ -299,6 +327,7 @@ def _numpyro_run(
     tune: int,
     chains: int,
     seed: int,
+    ess_of: tuple[str, ...] | None = ("a", "b"),
 ) -> PeerResult:
     """Run numpyro NUTS (``subsample_size=None``) or HMCECS; compile time from JAX's events."""
     import jax
@@ -306,15 +335,20 @@ def _numpyro_run(
     from numpyro.infer import HMCECS, MCMC, NUTS
 
     model = _numpyro_model(kind, subsample_size)
-    xj, yj = jnp.asarray(x, dtype=jnp.float32), jnp.asarray(y, dtype=jnp.float32)
+    # float32 as a user's JAX default; group labels stay integers
+    arrays = tuple(
+        jnp.asarray(a) if np.issubdtype(np.asarray(a).dtype, np.integer)
+        else jnp.asarray(a, dtype=jnp.float32)
+        for a in data
+    )  # fmt: skip
     compile_ref = run_ref = 0.0
     if subsample_size is None:
         kernel = NUTS(model)
         steps_field = "num_steps"
-        obs_per_gradient = x.shape[0]
+        obs_per_gradient = len(data[-1])
         ref = {}
     else:
-        ref, compile_ref, run_ref = _map_reference(_numpyro_model(kind), xj, yj, seed)
+        ref, compile_ref, run_ref = _map_reference(_numpyro_model(kind), arrays, seed)
         kernel = HMCECS(NUTS(model), num_blocks=num_blocks, proxy=HMCECS.taylor_proxy(ref))
         steps_field = "hmc_state.num_steps"
         obs_per_gradient = subsample_size
@@ -331,9 +365,9 @@ def _numpyro_run(
     with _jax_compile_clock() as compile_clock:
         k_warm, _ = jax.random.split(jax.random.key(seed))
         t0 = time.perf_counter()
-        mcmc.warmup(k_warm, xj, yj, collect_warmup=True, extra_fields=(steps_field,))
+        mcmc.warmup(k_warm, *arrays, collect_warmup=True, extra_fields=(steps_field,))
         warm_steps = int(np.sum(mcmc.get_extra_fields()[steps_field]))
-        mcmc.run(mcmc.post_warmup_state.rng_key, xj, yj, extra_fields=(steps_field, "accept_prob"))
+        mcmc.run(mcmc.post_warmup_state.rng_key, *arrays, extra_fields=(steps_field, "accept_prob"))
         samples = mcmc.get_samples(group_by_chain=True)
         jax.block_until_ready(samples)
         wall = time.perf_counter() - t0
@@ -342,8 +376,7 @@ def _numpyro_run(
     accept = float(np.mean(fields["accept_prob"]))
     compile_mcmc = min(compile_clock.seconds, wall)
     seconds = wall - compile_mcmc
-    names = ("a", "b", "sigma") if kind == "studentt" else ("a", "b")
-    samples = {k: np.asarray(samples[k]) for k in names}
+    samples = {k: np.asarray(v) for k, v in samples.items()}
     extra = {"accept_prob": accept}
     for k, v in ref.items():  # the Taylor proxy's reference point, for the record
         v = np.ravel(np.asarray(v))
@@ -361,6 +394,7 @@ def _numpyro_run(
         obs_per_gradient=obs_per_gradient,
         reference_seconds=run_ref,
         extra=extra,
+        ess_of=ess_of,
     )
 
 
@@ -394,7 +428,7 @@ def logistic_numpyro_nuts(
         wall time (see the module docstring).
     """
     return _numpyro_run(
-        "numpyro NUTS", "logistic", x, y, subsample_size=None, num_blocks=1,
+        "numpyro NUTS", "logistic", (x, y), subsample_size=None, num_blocks=1,
         draws=draws, tune=tune, chains=chains, seed=seed,
     )  # fmt: skip
 
@@ -441,7 +475,7 @@ def logistic_numpyro_hmcecs(
         Draws of the second (timed) call; see the module docstring for timing.
     """
     return _numpyro_run(
-        "numpyro HMCECS", "logistic", x, y, subsample_size=subsample_size,
+        "numpyro HMCECS", "logistic", (x, y), subsample_size=subsample_size,
         num_blocks=num_blocks, draws=draws, tune=tune, chains=chains, seed=seed,
     )  # fmt: skip
 
@@ -475,7 +509,7 @@ def studentt_numpyro_nuts(
         As :func:`logistic_numpyro_nuts`; ``means`` and ``sds`` include ``sigma``.
     """
     return _numpyro_run(
-        "numpyro NUTS", "studentt", x, y, subsample_size=None, num_blocks=1,
+        "numpyro NUTS", "studentt", (x, y), subsample_size=None, num_blocks=1,
         draws=draws, tune=tune, chains=chains, seed=seed,
     )  # fmt: skip
 
@@ -518,9 +552,135 @@ def studentt_numpyro_hmcecs(
         As :func:`logistic_numpyro_hmcecs`; ``means`` and ``sds`` include ``sigma``.
     """
     return _numpyro_run(
-        "numpyro HMCECS", "studentt", x, y, subsample_size=subsample_size,
+        "numpyro HMCECS", "studentt", (x, y), subsample_size=subsample_size,
         num_blocks=num_blocks, draws=draws, tune=tune, chains=chains, seed=seed,
     )  # fmt: skip
+
+
+def numpyro_nuts(
+    kind: str,
+    data: tuple,
+    *,
+    draws: int = 500,
+    tune: int = 500,
+    chains: int = 2,
+    seed: int = 0,
+) -> PeerResult:
+    """Numpyro NUTS on the full data of any model of :func:`_numpyro_model`.
+
+    Parameters
+    ----------
+    kind : str
+        ``"logistic"``, ``"studentt"``, ``"studentt_nu"`` or ``"hierarchical"``.
+    data : tuple of ndarray
+        ``(x, y)``, or ``(x, g, y)`` for ``"hierarchical"``.
+    draws, tune, chains : int
+        Kept draws and tuning draws per chain, and chains (one after the other).
+    seed : int
+        Seed of the run.
+
+    Returns
+    -------
+    PeerResult
+        ``min_ess`` over every parameter; timing as :func:`logistic_numpyro_nuts`.
+    """
+    return _numpyro_run(
+        "numpyro NUTS", kind, data, subsample_size=None, num_blocks=1, draws=draws,
+        tune=tune, chains=chains, seed=seed, ess_of=None,
+    )  # fmt: skip
+
+
+def numpyro_hmcecs(
+    kind: str,
+    data: tuple,
+    *,
+    subsample_size: int = 1000,
+    num_blocks: int = 100,
+    draws: int = 500,
+    tune: int = 500,
+    chains: int = 2,
+    seed: int = 0,
+) -> PeerResult:
+    """Numpyro HMCECS (Dang et al. 2019) on any model of :func:`_numpyro_model`.
+
+    The recipe of :func:`logistic_numpyro_hmcecs` (NUTS inner kernel, Taylor proxy
+    at a full-data BFGS MAP from the prior median).
+
+    Parameters
+    ----------
+    kind : str
+        ``"logistic"``, ``"studentt"``, ``"studentt_nu"`` or ``"hierarchical"``.
+    data : tuple of ndarray
+        ``(x, y)``, or ``(x, g, y)`` for ``"hierarchical"``.
+    subsample_size, num_blocks : int
+        As :func:`logistic_numpyro_hmcecs`.
+    draws, tune, chains : int
+        Kept draws and tuning draws per chain, and chains (one after the other).
+    seed : int
+        Seed of the run and of the MAP's initialisation.
+
+    Returns
+    -------
+    PeerResult
+        ``min_ess`` over every parameter.
+    """
+    return _numpyro_run(
+        "numpyro HMCECS", kind, data, subsample_size=subsample_size, num_blocks=num_blocks,
+        draws=draws, tune=tune, chains=chains, seed=seed, ess_of=None,
+    )  # fmt: skip
+
+
+def pymc_numpyro_nuts(
+    pymc_model,
+    *,
+    draws: int = 500,
+    tune: int = 500,
+    chains: int = 2,
+    seed: int = 0,
+) -> PeerResult:
+    """Numpyro NUTS on a PyMC model translated to JAX by PyMC (``nuts_sampler="numpyro"``).
+
+    For models without a hand-written numpyro version (the ARCH models). Chains one
+    after the other; JAX's compile events are summed into ``compile_seconds`` and
+    taken off the wall time, as :func:`_numpyro_run` does. PyMC's translation keeps
+    float64.
+
+    Parameters
+    ----------
+    pymc_model : pymc.Model
+        The model.
+    draws, tune, chains : int
+        Kept draws and tuning draws per chain, and chains.
+    seed : int
+        Seed of the run.
+
+    Returns
+    -------
+    PeerResult
+        ``min_ess`` over every free variable's entries; no gradient count.
+    """
+    import pymc as pm
+
+    with _jax_compile_clock() as clock, pymc_model:
+        t0 = time.perf_counter()
+        idata = pm.sample(
+            draws=draws, tune=tune, chains=chains, nuts_sampler="numpyro", random_seed=seed,
+            progressbar=False, compute_convergence_checks=False,
+            nuts_sampler_kwargs={"chain_method": "sequential"},
+        )  # fmt: skip
+        wall = time.perf_counter() - t0  # the draws are NumPy arrays by now: JAX has finished
+    compile_seconds = min(clock.seconds, wall)
+    names = [v.name for v in pymc_model.free_RVs]
+    samples = {k: idata["posterior"][k].values for k in names}
+    return _summarise(
+        "numpyro NUTS",
+        samples,
+        seconds=wall - compile_seconds,
+        compile_seconds=compile_seconds,
+        gradient_evals=None,
+        obs_per_gradient=int(np.prod(pymc_model.observed_RVs[0].shape.eval())),
+        ess_of=None,
+    )
 
 
 # ---------------------------------------------------------------------------- nutpie
@@ -533,6 +693,7 @@ def nutpie_sample(
     tune: int = 500,
     chains: int = 2,
     seed: int = 0,
+    ess_of: tuple[str, ...] | None = ("a", "b"),
 ) -> PeerResult:
     """Nutpie's NUTS on a PyMC model (numba backend), chains one after the other.
 
@@ -545,6 +706,8 @@ def nutpie_sample(
         Kept draws and tuning draws per chain, and chains.
     seed : int
         Seed of the timed call.
+    ess_of : tuple of str or None
+        The variables whose entries ``min_ess`` is over (all when None).
 
     Returns
     -------
@@ -579,6 +742,7 @@ def nutpie_sample(
         compile_seconds=compile_seconds,
         gradient_evals=steps,
         obs_per_gradient=n_obs,
+        ess_of=ess_of,
     )
 
 

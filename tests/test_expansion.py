@@ -4,6 +4,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
+from pymc_subsample.mcmc.laplace import _residual_pieces
 from pymc_subsample.model.expansion import Expansion
 from pymc_subsample.model.terms import ObservationTerms
 
@@ -66,6 +67,10 @@ def test_the_expansion_in_the_block_adds_up_and_caches_by_the_other_inputs(model
     ref = np.array([0.2, 0.5])
     thetas = ref + np.array([[0.05, -0.1], [-0.2, 0.3]])
     value, grad, hess = expansion.sums(ref, point)
+    # the value and gradient alone (no Hessian pass) are the same numbers
+    value1, grad1, none = expansion.sums(ref, point, hessian=False)
+    assert none is None and value1 == pytest.approx(value, rel=1e-12)
+    np.testing.assert_allclose(grad1, grad, rtol=1e-12)
     res = expansion.residual_batch(thetas, slice(0, terms.n_obs), point, ref)
     delta = thetas - ref
     taylor = value + delta @ grad + 0.5 * np.einsum("ki,ij,kj->k", delta, hess, delta)
@@ -86,3 +91,17 @@ def test_the_expansion_refuses_what_it_cannot_expand_in(model):
         Expansion(terms, "data")
     with pytest.raises(ValueError, match="give Deterministics"):
         Expansion(terms, "inputs", ["mu"])
+
+
+def test_a_batch_in_pieces_has_the_residuals_of_one_call(model):
+    """A race's large batch of a wide block is computed in pieces: the same residuals."""
+    terms = ObservationTerms(model, [model["sigma"]], batches="windows")
+    point = moved(model.initial_point(), mu=[0.3, 0.6])
+    expansion = Expansion(terms, "block", point=point)
+    ref, thetas = np.array([0.2]), np.array([[0.5], [-0.3]])
+    for idx in (slice(3, terms.n_obs), np.arange(7, 400, 3)):
+        whole = expansion.residual_batch(thetas, idx, point, ref)
+        assert np.abs(whole).max() > 1e-3  # not quadratic in log sigma: residuals
+        np.testing.assert_allclose(
+            _residual_pieces(expansion, thetas, idx, point, ref, chunk=64), whole, rtol=1e-12
+        )

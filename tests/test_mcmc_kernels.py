@@ -42,6 +42,27 @@ def test_newton_finds_the_mode_and_the_laplace_precision_of_a_gaussian(n_obs):
     assert fit.spent > 0
 
 
+def test_newton_takes_the_full_data_gradient_from_its_own_pass_when_given():
+    """With ``sum_grad`` the all-data step reads the gradient from it, not from ``expand``."""
+    post = gaussian_posterior(200_000)
+    calls = []
+
+    def expand(x, eps, window=None, full=None):
+        calls.append((window, full))
+        return post.expand(x, eps, window, full)
+
+    def sum_grad(x):
+        calls.append("gradient")
+        return -PRECISION @ (x - MODE), 2 * post.n_obs
+
+    fit = find_mode(
+        LogPosterior(2, post.n_obs, expand, post.sums, post.log_f0, post.f0_grad, sum_grad),
+        np.array([30.0, 40.0]),
+    )
+    np.testing.assert_allclose(fit.x, MODE, atol=1e-8)
+    assert "gradient" in calls and (None, False) not in calls
+
+
 def test_positive_definite_lifts_negative_eigenvalues():
     lifted = positive_definite(np.array([[1.0, 0.0], [0.0, -2.0]]))
     np.testing.assert_allclose(lifted, np.diag([1.0, 2.0]))

@@ -52,16 +52,36 @@ from .surrogate import (
     stencil_points,
 )
 
-__all__ = ["FULL_STENCIL_MAX_DIM", "FlatBlock", "LaplaceFit"]
+__all__ = ["FULL_STENCIL_MAX_DIM", "RESIDUAL_CHUNK_ELEMENTS", "FlatBlock", "LaplaceFit"]
 
 #: Without automatic differentiation: the full stencil up to this many coordinates, the
 #: diagonal one above.
 FULL_STENCIL_MAX_DIM = 12
 #: Newton steps at most that recentre the expansion at the other inputs' values (refits).
 _RECENTRE_STEPS = 10
+#: Rows times coordinates per call of the Taylor residuals on a race's batch: a larger
+#: batch is computed in pieces of this size, whose forward-mode arrays stay in cache
+#: (one call on many rows of a wide block runs several times slower per row).
+RESIDUAL_CHUNK_ELEMENTS = 2**17
 #: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
 _REFIT_AFTER = 50
 _REFIT_SHARE = 0.25
+
+
+def _residual_pieces(expansion, rows, idx, point, reference, chunk: int) -> np.ndarray:
+    """Residuals of ``rows`` on the positions ``idx``, in pieces of at most ``chunk`` positions."""
+    if isinstance(idx, slice):
+        start, stop = idx.start or 0, idx.stop
+        if stop - start <= chunk:
+            return expansion.residual_batch(rows, idx, point, reference)
+        pieces = [slice(a, min(a + chunk, stop)) for a in range(start, stop, chunk)]
+    else:
+        if len(idx) <= chunk:
+            return expansion.residual_batch(rows, idx, point, reference)
+        pieces = [idx[a : a + chunk] for a in range(0, len(idx), chunk)]
+    return np.concatenate(
+        [expansion.residual_batch(rows, p, point, reference) for p in pieces], axis=1
+    )
 
 
 class FlatBlock:
@@ -268,6 +288,12 @@ class LaplaceFit:
         def log_f0(x):
             return float(self.terms.log_f0(self.block.candidates(x[None]), point)[0])
 
+        def sum_grad(x):  # value and gradient alone: no Hessian, O(d) per observation
+            _, grad, _ = self._expansion.sums(x, point, hessian=False)
+            if not np.isfinite(grad).all():
+                raise FloatingPointError("the log-likelihood is not finite at the reference")
+            return grad, 2 * self.terms.n_obs
+
         return LogPosterior(
             dim=self.dim,
             n_obs=self.terms.n_obs,
@@ -275,6 +301,7 @@ class LaplaceFit:
             sums=lambda rows, window: self.sums(rows, point, window),
             log_f0=log_f0,
             f0_grad=lambda x: self.f0_grad(x, point),
+            sum_grad=sum_grad if self._autodiff else None,
         )
 
     def fit_mode(self, x: np.ndarray, point: dict) -> tuple[np.ndarray, int]:
@@ -569,8 +596,10 @@ class LaplaceFit:
                 sur, expansion = coordinate_sur, self._coordinate_expansion
                 rows = np.stack([self.coordinates_at(r, point) for r in pair])
 
+            chunk = max(64, RESIDUAL_CHUNK_ELEMENTS // max(1, rows.shape[1]))
+
             def rewards(arms, idx):
-                values = expansion.residual_batch(rows[arms], idx, point, sur.theta_ref)
+                values = _residual_pieces(expansion, rows[arms], idx, point, sur.theta_ref, chunk)
                 spent[0] += 3 * values.size  # value, first and second derivative per arm
                 return values
 

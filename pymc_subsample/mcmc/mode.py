@@ -64,6 +64,12 @@ class LogPosterior:
         :math:`\log f_0` at a flat position (a float).
     f0_grad : callable
         Its gradient at a flat position.
+    sum_grad : callable, optional
+        ``sum_grad(x)``: :math:`\nabla \sum_n l_n` at ``x`` over all the data and
+        the terms it evaluated, ``(gradient, count)``; a pass whose cost per
+        observation grows as :math:`d` where the expansion's Hessian costs
+        :math:`d^2`. Without it, the gradient comes from ``expand`` (no mixed
+        points).
     """
 
     dim: int
@@ -72,6 +78,14 @@ class LogPosterior:
     sums: Callable[[np.ndarray, int | None], np.ndarray]
     log_f0: Callable[[np.ndarray], float]
     f0_grad: Callable[[np.ndarray], np.ndarray]
+    sum_grad: Callable[[np.ndarray], tuple[np.ndarray, int]] | None = None
+
+    def full_gradient(self, x: np.ndarray, eps: np.ndarray) -> tuple[np.ndarray, int]:
+        r"""Gradient of :math:`\sum_n l_n` at ``x`` over all the data, and the terms evaluated."""
+        if self.sum_grad is not None:
+            return self.sum_grad(x)
+        diag, cost = self.expand(x, eps, None, False)  # the 2d + 1 axis points
+        return diag.grad, cost
 
     def f0_hessian(self, x: np.ndarray, eps: np.ndarray) -> np.ndarray:
         r"""Hessian of :math:`\log f_0` at ``x``: central differences of its gradient."""
@@ -194,8 +208,8 @@ def find_mode(post: LogPosterior, x: np.ndarray) -> ModeFit:
 
     Iterates on a window of at most :data:`MODE_WINDOW` observations (sums
     scaled to :math:`N`) until the Newton decrement is below :math:`d`; then
-    one Newton step on all the data with the gradient from the :math:`2d+1`
-    axis points and the window's Hessian lands in the quadratic region, where
+    one Newton step on all the data with the full gradient (``sum_grad``, or
+    the :math:`2d+1` axis points) and the window's Hessian lands in the quadratic region, where
     the full stencil gives the expansion: about :math:`d^2 + 3d + 2`
     evaluations per observation in all. Falls back to full Newton iterations
     when the window misleads.
@@ -216,10 +230,10 @@ def find_mode(post: LogPosterior, x: np.ndarray) -> ModeFit:
             eps = stencil_steps(neg_h)
             if newton.decrement < dim:
                 break
-        # on all the data, the gradient (2d + 1 points) with the window's Hessian
-        diag, cost = post.expand(x, eps, None, False)
+        # on all the data, the gradient (one pass, or 2d + 1 points) with the window's Hessian
+        grad, cost = post.full_gradient(x, eps)
         spent += cost
-        grad = diag.grad + post.f0_grad(x)
+        grad = grad + post.f0_grad(x)
         step = np.linalg.solve(neg_h, grad)
         # the window's optimum sits about sqrt(N / window) posterior sds from the mode:
         # a Newton decrement of that order is the quadratic region, not a misleading window

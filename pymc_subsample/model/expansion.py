@@ -161,6 +161,8 @@ class Expansion:
         self.second_order = True
         self._fns: tuple | None = None  # (gather or None, window or None, sums)
         self._build_gather = None
+        self._build_value_grad = None
+        self._value_grad = None  # value and gradient of the sums alone, compiled when asked
         self._to_flat = None  # the coordinates' flat values as a function of the value variables
         self._memo: tuple = (None, None)
         # with "block" the sums are at the reference; else the expanded inputs are not read
@@ -299,7 +301,11 @@ class Expansion:
         outputs = [total, grad]
         if self.second_order:
             outputs.append(pytensor.gradient.jacobian(grad, ref, vectorize=True))
-        sums = terms.compile(outputs, [*per_candidate, ref, start, stop, *others], trust=False)
+        sums_inputs = [*per_candidate, ref, start, stop, *others]
+        sums = terms.compile(outputs, sums_inputs, trust=False)
+        # value and gradient alone (no Hessian: O(d) per row, not O(d^2)), compiled when asked
+        self._build_value_grad = lambda: terms.compile([total, grad], sums_inputs, trust=False)
+        self._value_grad = None
         self._build_gather = build_gather
         self._fns = (build_gather() if gather else None, window, sums)
 
@@ -415,9 +421,11 @@ class Expansion:
         gather = self.compile_gather()
         return gather(*head, np.asarray(positions, dtype=np.int64), *others)
 
-    def _chunked_sums(self, per_candidate: list, ref: np.ndarray, stop: int, others: list):
+    def _chunked_sums(
+        self, per_candidate: list, ref: np.ndarray, stop: int, others: list, sums=None
+    ):
         """Sum the sums function over chunks of :data:`TAYLOR_CHUNK_ROWS` first positions."""
-        sums = self._fns[2]
+        sums = self._fns[2] if sums is None else sums
         total = None
         for a in range(0, stop, TAYLOR_CHUNK_ROWS):
             b = min(a + TAYLOR_CHUNK_ROWS, stop)
@@ -434,17 +442,21 @@ class Expansion:
         point: dict,
         candidates: Sequence[np.ndarray] | None = None,
         window: int | None = None,
+        hessian: bool = True,
     ) -> tuple:
         r"""Exact value, gradient and Hessian of :math:`\sum_n \log f_n` at the reference.
 
         Reverse mode, over all :math:`N` observations, or (``"block"``) over
         the first ``window`` positions of the row permutation (a uniformly
-        random subset) scaled by :math:`N/\mathrm{window}`.
+        random subset) scaled by :math:`N/\mathrm{window}`. ``hessian=False``
+        (``"block"`` only): the value and gradient alone, a pass whose cost per
+        row grows as :math:`d`, not :math:`d^2` (for a Newton step's gradient).
 
         Returns
         -------
         tuple
-            ``"block"``: ``(L, g, H)``, a float, shape ``(d,)``, shape ``(d, d)``.
+            ``"block"``: ``(L, g, H)``, a float, shape ``(d,)``, shape ``(d, d)``
+            (``H`` None with ``hessian=False``).
             ``"inputs"``: per candidate, ``(S, G, H)`` of shapes ``(K,)``,
             ``(K, D)``, ``(K, D, D)`` (``H`` None for a first-order expansion).
         """
@@ -458,6 +470,11 @@ class Expansion:
             if terms.has_permuted_copy and window is not None:  # a random subset
                 stop = min(window, n_obs)
             scale = n_obs / stop
+            if not hessian:
+                if self._value_grad is None:
+                    self._value_grad = self._build_value_grad()
+                value, grad = self._chunked_sums([], ref, stop, others, self._value_grad)
+                return float(value) * scale, grad * scale, None
             value, grad, hess = self._chunked_sums([], ref, stop, others)
             return float(value) * scale, grad * scale, hess * scale
         cands = terms.candidate_arrays(candidates)

@@ -8,7 +8,14 @@ same posterior from the same data:
 - logistic regression, :math:`a \sim N(0, 3^2)`, :math:`b_k \sim N(0, 3^2)`,
   :math:`y_n \sim \mathrm{Bernoulli}(\operatorname{logit}^{-1}(a + x_n^\top b))`;
 - robust regression, the same priors, :math:`\sigma \sim \mathrm{HalfNormal}(1)`,
-  :math:`y_n \sim t_4(a + x_n^\top b, \sigma)`.
+  :math:`y_n \sim t_4(a + x_n^\top b, \sigma)`;
+- the same with the degrees of freedom unknown, :math:`\nu \sim \mathrm{Gamma}(2, 0.1)`
+  (:func:`studentt_nu_model`);
+- a logistic regression with many AR(0.5)-correlated columns
+  (:func:`correlated_logistic_data`, the same :func:`logistic_model`);
+- a hierarchical regression with group intercepts,
+  :math:`\alpha_g \sim N(\mu_\alpha, \tau^2)`, :math:`y_n \sim N(\alpha_{g_n} +
+  x_n^\top b, \sigma^2)` (:func:`hierarchical_data`, :func:`hierarchical_model`).
 
 The design :math:`x` is standard normal; by default it has four covariates
 and the true coefficients are :data:`TRUE_A` and :data:`TRUE_BETA`. Both
@@ -23,10 +30,14 @@ __all__ = [
     "COEFS",
     "TRUE_A",
     "TRUE_BETA",
+    "correlated_logistic_data",
+    "hierarchical_data",
+    "hierarchical_model",
     "logistic_data",
     "logistic_model",
     "studentt_data",
     "studentt_model",
+    "studentt_nu_model",
 ]
 
 #: True intercept of the simulated data.
@@ -153,4 +164,160 @@ def studentt_model(x: np.ndarray, y: np.ndarray):
         b = pm.Normal("b", 0, 3, shape=x.shape[1])
         sigma = pm.HalfNormal("sigma", 1)
         pm.StudentT("y", nu=4, mu=a + x_data @ b, sigma=sigma, observed=y_data)
+    return model
+
+
+def correlated_logistic_data(
+    n_obs: int, dim: int, rho: float = 0.5, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Simulate a logistic regression with ``dim`` AR(``rho``)-correlated columns.
+
+    Column :math:`j` of the design is :math:`x_{\cdot j} = \rho\, x_{\cdot, j-1} +
+    \sqrt{1 - \rho^2}\, z_{\cdot j}` with :math:`z` standard normal, so every column is
+    standard normal and :math:`\mathrm{corr}(x_{\cdot i}, x_{\cdot j}) = \rho^{|i-j|}`.
+    The true slopes are :math:`N(0, 1/d)` (drawn first, from the same generator), so
+    that the linear predictor has unit-order variance whatever :math:`d`; the true
+    intercept is :data:`TRUE_A`.
+
+    Parameters
+    ----------
+    n_obs : int
+        Number of observations :math:`N`.
+    dim : int
+        Number of covariates :math:`d` (the model has :math:`d + 1` coefficients).
+    rho : float
+        Correlation of neighbouring columns.
+    seed : int
+        Seed of ``np.random.default_rng``.
+
+    Returns
+    -------
+    x : numpy.ndarray, shape (N, dim)
+        Design.
+    y : numpy.ndarray, shape (N,)
+        Outcomes in {0, 1}.
+    """
+    rng = np.random.default_rng(seed)
+    beta = rng.normal(scale=1 / np.sqrt(dim), size=dim)
+    x = rng.normal(size=(n_obs, dim))
+    scale = np.sqrt(1 - rho**2)
+    for j in range(1, dim):  # in place, column by column: no second (N, d) array
+        x[:, j] *= scale
+        x[:, j] += rho * x[:, j - 1]
+    y = rng.binomial(1, 1 / (1 + np.exp(-(TRUE_A + x @ beta))))
+    return x, y
+
+
+def studentt_nu_model(x: np.ndarray, y: np.ndarray):
+    r"""Build the robust regression with unknown degrees of freedom on ``(x, y)``.
+
+    As :func:`studentt_model`, with :math:`\nu \sim \mathrm{Gamma}(2, 0.1)`
+    (Juárez & Steel 2010) in place of :math:`\nu = 4`.
+
+    Parameters
+    ----------
+    x : numpy.ndarray, shape (N, K)
+        Design.
+    y : numpy.ndarray, shape (N,)
+        Outcomes (e.g. :func:`studentt_data`).
+
+    Returns
+    -------
+    pymc.Model
+        With data ``x`` and ``y_data`` and free variables ``a``, ``b``, ``sigma``
+        and ``nu``, in that order.
+    """
+    import pymc as pm
+
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y_data", y)
+        a = pm.Normal("a", 0, 3)
+        b = pm.Normal("b", 0, 3, shape=x.shape[1])
+        sigma = pm.HalfNormal("sigma", 1)
+        nu = pm.Gamma("nu", alpha=2, beta=0.1)
+        pm.StudentT("y", nu=nu, mu=a + x_data @ b, sigma=sigma, observed=y_data)
+    return model
+
+
+def hierarchical_data(
+    n_obs: int, groups: int = 100, seed: int = 0, *, beta: np.ndarray = TRUE_BETA
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Simulate a regression with group intercepts.
+
+    Groups :math:`g_n` uniform over ``groups``, intercepts :math:`\alpha_g \sim
+    N(0.5, 0.7^2)`, standard normal design, :math:`y_n = \alpha_{g_n} + x_n^\top
+    \beta + \varepsilon_n`, :math:`\varepsilon_n \sim N(0, 1)`; drawn in that order
+    from ``np.random.default_rng(seed)``.
+
+    Parameters
+    ----------
+    n_obs : int
+        Number of observations :math:`N`.
+    groups : int
+        Number of groups.
+    seed : int
+        Seed of ``np.random.default_rng``.
+    beta : numpy.ndarray
+        True slopes.
+
+    Returns
+    -------
+    x : numpy.ndarray, shape (N, len(beta))
+        Design.
+    g : numpy.ndarray of int64, shape (N,)
+        Group of each observation.
+    y : numpy.ndarray, shape (N,)
+        Outcomes.
+    """
+    beta = np.asarray(beta, dtype=float)
+    rng = np.random.default_rng(seed)
+    g = rng.integers(groups, size=n_obs)
+    alpha = rng.normal(0.5, 0.7, size=groups)
+    x = rng.normal(size=(n_obs, len(beta)))
+    y = alpha[g] + x @ beta + rng.normal(size=n_obs)
+    return x, g, y
+
+
+def hierarchical_model(x: np.ndarray, g: np.ndarray, y: np.ndarray, groups: int | None = None):
+    r"""Build the PyMC hierarchical regression on ``(x, g, y)`` (centred intercepts).
+
+    :math:`\mu_\alpha \sim N(0, 3^2)`, :math:`\tau \sim \mathrm{HalfNormal}(1)`,
+    :math:`\alpha_g \sim N(\mu_\alpha, \tau^2)`, :math:`b_k \sim N(0, 3^2)`,
+    :math:`\sigma \sim \mathrm{HalfNormal}(1)`, :math:`y_n \sim N(\alpha_{g_n} +
+    x_n^\top b, \sigma^2)`. Centred: with many observations per group the data
+    pin each intercept down, where the centred form is the better geometry
+    (Papaspiliopoulos, Roberts & Sköld 2007).
+
+    Parameters
+    ----------
+    x : numpy.ndarray, shape (N, K)
+        Design.
+    g : numpy.ndarray of int, shape (N,)
+        Group of each observation.
+    y : numpy.ndarray, shape (N,)
+        Outcomes.
+    groups : int, optional
+        Number of groups (default: ``g.max() + 1``).
+
+    Returns
+    -------
+    pymc.Model
+        With data ``x``, ``g`` and ``y_data`` and free variables ``mu_a``, ``tau``,
+        ``alpha`` (``groups`` entries), ``b`` (``K`` entries) and ``sigma``, in
+        that order.
+    """
+    import pymc as pm
+
+    groups = int(g.max()) + 1 if groups is None else int(groups)
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        g_data = pm.Data("g", g)
+        y_data = pm.Data("y_data", y)
+        mu_a = pm.Normal("mu_a", 0, 3)
+        tau = pm.HalfNormal("tau", 1)
+        alpha = pm.Normal("alpha", mu_a, tau, shape=groups)
+        b = pm.Normal("b", 0, 3, shape=x.shape[1])
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.Normal("y", alpha[g_data] + x_data @ b, sigma, observed=y_data)
     return model
