@@ -282,16 +282,17 @@ class Expansion:
         )
         graphs = terms.batch_graphs(residual)
         others = list(terms.inputs)
+        sources = graphs.sources  # the same inputs in every batch graph of the terms
 
         def build_gather():
             res = vectorize_per_point(graphs.subset, batch)
-            return terms.compile(res, [*heads, ref, graphs.idx, *others])
+            return terms.compile(res, [*heads, ref, graphs.idx, *sources, *others])
 
         window = None
         if graphs.window is not None:
             start, stop, win = graphs.window
             window = terms.compile(
-                vectorize_per_point(win, batch), [*heads, ref, start, stop, *others]
+                vectorize_per_point(win, batch), [*heads, ref, start, stop, *sources, *others]
             )
         start, stop, first = terms.batch_graphs(at_ref).first
         total = first.sum()
@@ -299,7 +300,9 @@ class Expansion:
         outputs = [total, grad]
         if self.second_order:
             outputs.append(pytensor.gradient.jacobian(grad, ref, vectorize=True))
-        sums = terms.compile(outputs, [*per_candidate, ref, start, stop, *others], trust=False)
+        sums = terms.compile(
+            outputs, [*per_candidate, ref, start, stop, *sources, *others], trust=False
+        )
         self._build_gather = build_gather
         self._fns = (build_gather() if gather else None, window, sums)
 
@@ -410,20 +413,23 @@ class Expansion:
             if window is not None:
                 start = np.asarray(positions.start, dtype=np.int64)
                 stop = np.asarray(positions.stop, dtype=np.int64)
-                return window(*head, start, stop, *others)
+                return window(*head, start, stop, *self.terms.batch_sources(), *others)
             positions = slice_rows(positions, self.terms.n_obs)
         gather = self.compile_gather()
-        return gather(*head, np.asarray(positions, dtype=np.int64), *others)
+        sources = self.terms.batch_sources()
+        return gather(*head, np.asarray(positions, dtype=np.int64), *sources, *others)
 
     def _chunked_sums(self, per_candidate: list, ref: np.ndarray, stop: int, others: list):
         """Sum the sums function over chunks of :data:`TAYLOR_CHUNK_ROWS` first positions."""
         sums = self._fns[2]
+        sources = self.terms.batch_sources()
         total = None
         for a in range(0, stop, TAYLOR_CHUNK_ROWS):
             b = min(a + TAYLOR_CHUNK_ROWS, stop)
             bounds = (np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
             out = [
-                np.asarray(o, dtype=np.float64) for o in sums(*per_candidate, ref, *bounds, *others)
+                np.asarray(o, dtype=np.float64)
+                for o in sums(*per_candidate, ref, *bounds, *sources, *others)
             ]
             total = out if total is None else [t + o for t, o in zip(total, out, strict=True)]
         return total
