@@ -377,8 +377,12 @@ class ObservationTerms:
     def compile(self, outputs, inputs: Sequence, trust: bool = True):
         """Compile ``outputs`` as a function of ``inputs`` (positional, no point function).
 
-        With ``trust``, without PyTensor's checks of the inputs (microseconds per input
-        and call): every caller passes ndarrays of the compiled dtypes
+        Once for equal graphs: a step built on the same model (or on a model
+        of the same structure) gets the same function
+        (:func:`~pymc_subsample.model.function_cache.compile_cached`), so
+        callers must not change its attributes. With ``trust``, without
+        PyTensor's checks of the inputs (microseconds per input and call):
+        every caller passes ndarrays of the compiled dtypes
         (:meth:`candidate_arrays`, :meth:`other_arrays`).
         """
         return compile_cached(self.model, outputs, inputs, trust=trust, **self._compile_kwargs)
