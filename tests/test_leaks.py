@@ -33,11 +33,14 @@ PACKAGE = pymc_subsample.__path__[0]
 #: which it counts as a leak (the compiled-race entry of a module-level cache was ~10 kB of
 #: Python objects in the package's frames, besides the step's functions it kept alive).
 TOLERANCE_PER_STEP = 512
-#: Resident memory (MB) a built-and-dropped step may leave above what PyMC's own step on
-#: the same model leaves, per step: about two more small compiled functions (the prior draws
-#: of the construction's checks, a categorical's support). Before the compiled functions were
-#: shared, each step compiled ten or more of its own and left several times PyMC's figure.
-RSS_MARGIN_MB = 0.8
+#: Resident memory (MB) a built-and-dropped step may leave per step beyond twice what PyMC's
+#: own step on the same model leaves (the figures are small and noisy). Before the compiled
+#: functions were shared, each step compiled ten or more of its own and left ten to twenty
+#: times PyMC's figure.
+RSS_MARGIN_MB = 0.5
+#: Steps built and dropped before the measure: the first few fill bounded caches (PyMC's,
+#: PyTensor's, the allocator's), after which the growth per step is steady.
+RSS_WARM_STEPS = 8
 
 
 def _model(n_obs: int):
@@ -166,9 +169,9 @@ def _resident_mb() -> float:
 
 
 def _rss_per_step(model, kind: str, count: int) -> float:
-    """Resident memory (MB) left per built-and-dropped step, over ``count`` after a warm one."""
-    _build(model, kind)
-    gc.collect()
+    """Resident memory (MB) left per built-and-dropped step, over ``count`` after warm ones."""
+    for _ in range(RSS_WARM_STEPS):
+        _build(model, kind)
     before = _resident_mb()
     for _ in range(count):
         _build(model, kind)
@@ -187,9 +190,9 @@ def test_resident_memory_per_dropped_step_near_pymc(kind, baseline, size, reques
     The compiled race of the Gibbs step applies on the large model.
     """
     model = request.getfixturevalue(size)
-    ours = _rss_per_step(model, kind, 10)
-    theirs = _rss_per_step(model, baseline, 10)
-    assert ours <= max(theirs, 0.0) + RSS_MARGIN_MB, (ours, theirs)
+    ours = _rss_per_step(model, kind, 8)
+    theirs = _rss_per_step(model, baseline, 8)
+    assert ours <= 2 * max(theirs, 0.0) + RSS_MARGIN_MB, (ours, theirs)
 
 
 def test_steps_on_one_model_share_their_compiled_functions(small):
@@ -238,3 +241,15 @@ def test_shared_functions_read_each_steps_own_data():
         np.testing.assert_allclose(
             step.terms.loglik_sum(cands, point), exact(new).sum(axis=1), rtol=1e-10
         )
+
+
+@pytest.mark.parametrize("kind", ["gibbs", "racing"])
+def test_cached_functions_do_not_keep_a_dropped_models_data(kind):
+    """Functions that read a model's pm.Data are cached for as long as the model lives only."""
+    model = _model(300)
+    step = _build(model, kind)
+    refs = [weakref.ref(model), weakref.ref(model["y_data"])]
+    del step, model
+    gc.collect()
+    gc.collect()  # the model's cache goes in the first collection, its functions in the next
+    assert [r() is None for r in refs] == [True, True]
