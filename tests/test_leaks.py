@@ -253,3 +253,15 @@ def test_cached_functions_do_not_keep_a_dropped_models_data(kind):
     gc.collect()
     gc.collect()  # the model's cache goes in the first collection, its functions in the next
     assert [r() is None for r in refs] == [True, True]
+
+
+def test_steps_that_share_a_function_share_its_chunk_loop():
+    """The chunked sums' compiled loop is compiled once per shared function, not per step."""
+    model = _model(2 * COMPILED_MIN_OBS * 10)
+    sums = []
+    for _ in range(2):
+        step = _build(model, "racing", draws=0)
+        step.terms.loglik_sum([np.array([0.1, 0.2])], model.initial_point())
+        sums.append(step.terms._sum_rows)
+    assert sums[0].fn is sums[1].fn
+    assert sums[0]._driver is not None and sums[1]._driver is sums[0]._driver
