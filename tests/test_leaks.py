@@ -1,16 +1,20 @@
-"""Steps built and dropped are freed: nothing of theirs stays in a module-level cache.
+"""Steps built and dropped are freed, and leave no more memory behind than PyMC's steps.
 
 A loop that builds many steps (simulation-based calibration, cross-validation,
-one step per model order) must not grow with their number. Measured two ways:
-weak references to a dropped step, its terms and its compiled reward function
-(which a module-level cache of race drivers used to keep) must die, and the
+one step per model order) must not grow with their number. Measured three ways:
+weak references to a dropped step and its terms (which a module-level cache of
+race drivers used to keep) must die, the
 memory that ``tracemalloc`` traces to this package's own code must not grow
-from one batch of built-and-dropped steps to the next. Memory that Numba keeps
-for every function it compiles (machine code and typing records, freed by no
-API) is outside this package and not measured here.
+from one batch of built-and-dropped steps to the next. Numba keeps the machine
+code of every function it compiles (freed by no API), so steps built on equal
+graphs share their compiled functions
+(:mod:`pymc_subsample.model.function_cache`): the resident memory a
+built-and-dropped step leaves behind is measured against PyMC's own steps'.
 """
 
+import ctypes
 import gc
+import os
 import tracemalloc
 import weakref
 
@@ -19,7 +23,8 @@ import pymc as pm
 import pytest
 
 import pymc_subsample
-from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample import ObservationTerms, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.model.function_cache import compile_cached, graph_key
 from pymc_subsample.options import AuditOptions, RaceOptions
 from pymc_subsample.steps.gibbs import COMPILED_MIN_OBS
 
@@ -28,6 +33,14 @@ PACKAGE = pymc_subsample.__path__[0]
 #: which it counts as a leak (the compiled-race entry of a module-level cache was ~10 kB of
 #: Python objects in the package's frames, besides the step's functions it kept alive).
 TOLERANCE_PER_STEP = 512
+#: Resident memory (MB) a built-and-dropped step may leave per step beyond twice what PyMC's
+#: own step on the same model leaves (the figures are small and noisy). Before the compiled
+#: functions were shared, each step compiled ten or more of its own and left ten to twenty
+#: times PyMC's figure.
+RSS_MARGIN_MB = 0.5
+#: Steps built and dropped before the measure: the first few fill bounded caches (PyMC's,
+#: PyTensor's, the allocator's), after which the growth per step is steady.
+RSS_WARM_STEPS = 8
 
 
 def _model(n_obs: int):
@@ -54,6 +67,10 @@ def _build(model, kind: str, draws: int = 2):
     with model:
         if kind == "racing":
             step = RacingMetropolis([model["mu"]], rng=0)
+        elif kind == "pm_metropolis":
+            step = pm.Metropolis([model["mu"]], rng=0)
+        elif kind == "pm_gibbs":
+            step = pm.CategoricalGibbsMetropolis([model["q"]], rng=0)
         else:
             step = SubsampledCategoricalGibbs(
                 [model["q"]],
@@ -90,17 +107,22 @@ def _growth(model, kind: str, first: int, second: int) -> tuple[int, int]:
     return sizes[1] - sizes[0], sizes[2] - sizes[1]
 
 
-def test_compiled_gibbs_steps_and_their_functions_are_freed(large):
-    """At most the last compiled race driver is cached strongly (RECENT_DRIVERS = 1)."""
-    refs = []
+def test_compiled_gibbs_steps_are_freed_and_share_their_functions(large):
+    """The steps and terms are freed; the next step reuses the compiled rows function.
+
+    The function (and the race driver compiled for it) stays in a bounded
+    cache instead of being compiled anew, and so kept again by Numba, for every step.
+    """
+    refs, fns = [], []
     for _ in range(2):
         step = _build(large, "gibbs")
         assert step._compiled, "the compiled race should apply at this N"
-        refs.append([weakref.ref(x) for x in (step, step.terms, step.terms.compiled_rows().fn)])
+        refs.append([weakref.ref(x) for x in (step, step.terms)])
+        fns.append(id(step.terms.compiled_rows().fn))
         del step
         gc.collect()
-    assert [r() is None for r in refs[0]] == [True, True, True]
-    assert [r() is None for r in refs[1][:2]] == [True, True]
+    assert [r() is None for pair in refs for r in pair] == [True] * 4
+    assert fns[0] == fns[1]
 
 
 @pytest.mark.parametrize("kind", ["gibbs", "racing"])
@@ -133,3 +155,113 @@ def test_fifty_steps_do_not_grow(small, large, kind):
     assert second <= TOLERANCE_PER_STEP * 40, (first, second)
     first, second = _growth(large, "gibbs", 3, 7)  # compiled races
     assert second <= TOLERANCE_PER_STEP * 7, (first, second)
+
+
+def _resident_mb() -> float:
+    """Resident memory (MB), freed heap memory handed back first (glibc's malloc_trim)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # another C library: the figure is noisier
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _rss_per_step(model, kind: str, count: int) -> float:
+    """Resident memory (MB) left per built-and-dropped step, over ``count`` after warm ones."""
+    for _ in range(RSS_WARM_STEPS):
+        _build(model, kind)
+    before = _resident_mb()
+    for _ in range(count):
+        _build(model, kind)
+    gc.collect()
+    return (_resident_mb() - before) / count
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc/self/statm")
+@pytest.mark.parametrize(
+    ("kind", "baseline", "size"),
+    [("racing", "pm_metropolis", "small"), ("gibbs", "pm_gibbs", "large")],
+)
+def test_resident_memory_per_dropped_step_near_pymc(kind, baseline, size, request):
+    """A built-and-dropped step leaves about what PyMC's step leaves (compiled code kept by Numba).
+
+    The compiled race of the Gibbs step applies on the large model.
+    """
+    model = request.getfixturevalue(size)
+    ours = _rss_per_step(model, kind, 8)
+    theirs = _rss_per_step(model, baseline, 8)
+    assert ours <= 2 * max(theirs, 0.0) + RSS_MARGIN_MB, (ours, theirs)
+
+
+def test_steps_on_one_model_share_their_compiled_functions(small):
+    """A second step (and a step on an equal model) compiles none of the terms' functions anew."""
+    first, second = _build(small, "racing"), _build(small, "racing")
+    assert second.terms._rows_fn is first.terms._rows_fn
+    assert second.terms._exact_fn is first.terms._exact_fn
+    twin = _model(200)
+    with twin:
+        terms = ObservationTerms(twin, [twin["mu"]])
+    assert terms._rows_fn is first.terms._rows_fn  # no shared variable: across models
+    # a graph that reads a model's pm.Data is kept for that model only
+    data = small["y_data"]
+    key_small, shared = graph_key(data.sum() + small["mu"], [small["mu"]])
+    key_twin, _ = graph_key(twin["y_data"].sum() + twin["mu"], [twin["mu"]])
+    assert shared == [data] and key_small != key_twin
+    fn = compile_cached(small, data.sum() + small["mu"], [small["mu"]])
+    assert compile_cached(small, data.sum() + small["mu"], [small["mu"]]) is fn
+    assert compile_cached(twin, twin["y_data"].sum() + twin["mu"], [twin["mu"]]) is not fn
+
+
+def test_shared_functions_read_each_steps_own_data():
+    """Two live steps on one model share functions, each reading its own copy and new data."""
+    model = _model(300)
+    steps = [_build(model, "racing"), _build(model, "racing", draws=3)]
+    assert steps[0].terms._rows_fn is steps[1].terms._rows_fn
+    y = model["y_data"].get_value()
+    point = model.initial_point()
+    cands = [np.array([0.3, -0.2])]
+
+    def exact(values):
+        mean = np.linspace(0.0, 1.0, 5)[point["q"]] + cands[0][:, None]
+        return -0.5 * (values[None, :] - mean) ** 2 - 0.5 * np.log(2 * np.pi)
+
+    for step in steps:
+        perm = step.terms.permutation()
+        got = step.terms.loglik_batch(cands, slice(0, 300), point)
+        np.testing.assert_allclose(got, exact(y[perm]), rtol=1e-12)
+    new = np.random.default_rng(5).normal(size=120)
+    with model:
+        pm.set_data({"y_data": new})
+    for step in steps:
+        step.terms.take_up_data(model.initial_point())
+        assert step.terms.n_obs == 120
+        np.testing.assert_allclose(step.terms.loglik_full(cands, point), exact(new), rtol=1e-12)
+        np.testing.assert_allclose(
+            step.terms.loglik_sum(cands, point), exact(new).sum(axis=1), rtol=1e-10
+        )
+
+
+@pytest.mark.parametrize("kind", ["gibbs", "racing"])
+def test_cached_functions_do_not_keep_a_dropped_models_data(kind):
+    """Functions that read a model's pm.Data are cached for as long as the model lives only."""
+    model = _model(300)
+    step = _build(model, kind)
+    refs = [weakref.ref(model), weakref.ref(model["y_data"])]
+    del step, model
+    gc.collect()
+    gc.collect()  # the model's cache goes in the first collection, its functions in the next
+    assert [r() is None for r in refs] == [True, True]
+
+
+def test_steps_that_share_a_function_share_its_chunk_loop():
+    """The chunked sums' compiled loop is compiled once per shared function, not per step."""
+    model = _model(2 * COMPILED_MIN_OBS * 10)
+    sums = []
+    for _ in range(2):
+        step = _build(model, "racing", draws=0)
+        step.terms.loglik_sum([np.array([0.1, 0.2])], model.initial_point())
+        sums.append(step.terms._sum_rows)
+    assert sums[0].fn is sums[1].fn
+    assert sums[0]._driver is not None and sums[1]._driver is sums[0]._driver

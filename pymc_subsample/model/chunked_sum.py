@@ -14,6 +14,7 @@ chunk find it in cache (measured in the
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -94,7 +95,27 @@ class ChunkedSum:
         return self._driver(*cands, *rows, *others, self._chunk)
 
 
+#: Chunk loops compiled lately, by their function and its numbers of inputs: steps that
+#: share a compiled function (:mod:`~pymc_subsample.model.function_cache`) share its loop.
+_DRIVERS: OrderedDict = OrderedDict()
+_RECENT_DRIVERS = 16
+
+
 def _driver(fn, n_cands: int, n_rows: int, n_others: int):
+    """Return the chunk loop of ``fn``, compiled once (kept with ``fn``, for the recent ones)."""
+    key = (id(fn), n_cands, n_rows, n_others)
+    found = _DRIVERS.get(key)
+    if found is not None and found[0] is fn:
+        _DRIVERS.move_to_end(key)
+        return found[1]
+    driver = _compile_driver(fn, n_cands, n_rows, n_others)
+    _DRIVERS[key] = (fn, driver)  # fn held: its id is not reused while the entry lives
+    while len(_DRIVERS) > _RECENT_DRIVERS:
+        _DRIVERS.popitem(last=False)
+    return driver
+
+
+def _compile_driver(fn, n_cands: int, n_rows: int, n_others: int):
     """Compile the chunk loop of ``fn`` (bound in as a global: typed once, not at each call)."""
     cands = [f"c{i}" for i in range(n_cands)]
     rows = [f"d{i}" for i in range(n_rows)]

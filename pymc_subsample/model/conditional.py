@@ -23,6 +23,7 @@ from pytensor.graph.traversal import graph_inputs
 
 from .batched import checks_to_switch
 from .blocks import as_value_vars, block_terms
+from .function_cache import compile_cached
 
 __all__ = ["BlockConditional"]
 
@@ -72,9 +73,7 @@ class BlockConditional:
         self.inputs = [v for v in model.value_vars if v in used and v not in self.vars]
         self._names = [v.name for v in self.inputs]
         self._dtypes = [v.dtype for v in self.inputs]
-        self._fn = model.compile_fn(
-            batched, inputs=[flat, *self.inputs], point_fn=False, **(compile_kwargs or {})
-        )
+        self._fn = compile_cached(model, batched, [flat, *self.inputs], **(compile_kwargs or {}))
         self._check_batched(model, initial_point)  # compiles now, too
 
     def _check_batched(self, model, initial_point: dict) -> None:

@@ -284,16 +284,17 @@ class Expansion:
         )
         graphs = terms.batch_graphs(residual)
         others = list(terms.inputs)
+        sources = graphs.sources  # the same inputs in every batch graph of the terms
 
         def build_gather():
             res = vectorize_per_point(graphs.subset, batch)
-            return terms.compile(res, [*heads, ref, graphs.idx, *others])
+            return terms.compile(res, [*heads, ref, graphs.idx, *sources, *others])
 
         window = None
         if graphs.window is not None:
             start, stop, win = graphs.window
             window = terms.compile(
-                vectorize_per_point(win, batch), [*heads, ref, start, stop, *others]
+                vectorize_per_point(win, batch), [*heads, ref, start, stop, *sources, *others]
             )
         start, stop, first = terms.batch_graphs(at_ref).first
         total = first.sum()
@@ -301,7 +302,7 @@ class Expansion:
         outputs = [total, grad]
         if self.second_order:
             outputs.append(pytensor.gradient.jacobian(grad, ref, vectorize=True))
-        sums_inputs = [*per_candidate, ref, start, stop, *others]
+        sums_inputs = [*per_candidate, ref, start, stop, *sources, *others]
         sums = terms.compile(outputs, sums_inputs, trust=False)
         # value and gradient alone (no Hessian: O(d) per row, not O(d^2)), compiled when asked
         self._build_value_grad = lambda: terms.compile([total, grad], sums_inputs, trust=False)
@@ -416,22 +417,25 @@ class Expansion:
             if window is not None:
                 start = np.asarray(positions.start, dtype=np.int64)
                 stop = np.asarray(positions.stop, dtype=np.int64)
-                return window(*head, start, stop, *others)
+                return window(*head, start, stop, *self.terms.batch_sources(), *others)
             positions = slice_rows(positions, self.terms.n_obs)
         gather = self.compile_gather()
-        return gather(*head, np.asarray(positions, dtype=np.int64), *others)
+        sources = self.terms.batch_sources()
+        return gather(*head, np.asarray(positions, dtype=np.int64), *sources, *others)
 
     def _chunked_sums(
         self, per_candidate: list, ref: np.ndarray, stop: int, others: list, sums=None
     ):
         """Sum the sums function over chunks of :data:`TAYLOR_CHUNK_ROWS` first positions."""
         sums = self._fns[2] if sums is None else sums
+        sources = self.terms.batch_sources()
         total = None
         for a in range(0, stop, TAYLOR_CHUNK_ROWS):
             b = min(a + TAYLOR_CHUNK_ROWS, stop)
             bounds = (np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
             out = [
-                np.asarray(o, dtype=np.float64) for o in sums(*per_candidate, ref, *bounds, *others)
+                np.asarray(o, dtype=np.float64)
+                for o in sums(*per_candidate, ref, *bounds, *sources, *others)
             ]
             total = out if total is None else [t + o for t, o in zip(total, out, strict=True)]
         return total

@@ -47,6 +47,7 @@ from .data import (
     reject_numpy_inputs,
     slice_rows,
 )
+from .function_cache import compile_cached
 from .row_locality import (
     LAG_FIX,
     LOCALITY_DRAWS,
@@ -74,6 +75,9 @@ class BatchGraphs(NamedTuple):
     window: tuple | None
     #: ``(start, stop, graph)`` on the first positions: of the permuted copy, else of the data.
     first: tuple
+    #: One input per per-observation input, the arrays the graphs index: compiled functions
+    #: take :meth:`ObservationTerms.batch_sources` there (after the positions or bounds).
+    sources: list
 
 
 class ObservationTerms:
@@ -211,11 +215,8 @@ class ObservationTerms:
 
     def _lengths(self, model, per_obs, point) -> list[int]:
         """Return the observed variables' numbers of observations (kept: data may change)."""
-        self._lengths_fn = model.compile_fn(
-            [lp.shape[0] for lp in per_obs],
-            inputs=model.value_vars,
-            point_fn=False,
-            **self._compile_kwargs,
+        self._lengths_fn = compile_cached(
+            model, [lp.shape[0] for lp in per_obs], model.value_vars, **self._compile_kwargs
         )
         return [int(n) for n in self._lengths_fn(*[point[v.name] for v in model.value_vars])]
 
@@ -244,6 +245,11 @@ class ObservationTerms:
         idx = pt.lvector("idx")
         subset = graph_replace(loglik, {d: d[idx] for d in self.data}, strict=False)
         self._graphs = (idx, subset, log_f0)
+        #: the arrays batch graphs index (the permuted copies, else the data), as inputs
+        self._batch_sources = [
+            pt.tensor(name=f"{d.name}_source", dtype=d.dtype, shape=(None, *d.type.shape[1:]))
+            for d in self.data
+        ]
         self._grad_fn = None
         self._f0_grad_fn = None
         #: one placeholder per block variable, with a leading batch dimension
@@ -285,7 +291,8 @@ class ObservationTerms:
         self._window_fn = None
         if window:
             start, stop, _ = window
-            self._window_fn = self.compile(outs[4], [*cands, start, stop, *self.inputs])
+            sources = self._batch_sources
+            self._window_fn = self.compile(outs[4], [*cands, start, stop, *sources, *self.inputs])
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
 
@@ -336,13 +343,15 @@ class ObservationTerms:
     def compile(self, outputs, inputs: Sequence, trust: bool = True):
         """Compile ``outputs`` as a function of ``inputs`` (positional, no point function).
 
-        With ``trust``, without PyTensor's checks of the inputs (microseconds per input
-        and call): every caller passes ndarrays of the compiled dtypes
+        Once for equal graphs: a step built on the same model (or on a model
+        of the same structure) gets the same function
+        (:func:`~pymc_subsample.model.function_cache.compile_cached`), so
+        callers must not change its attributes. With ``trust``, without
+        PyTensor's checks of the inputs (microseconds per input and call):
+        every caller passes ndarrays of the compiled dtypes
         (:meth:`candidate_arrays`, :meth:`other_arrays`).
         """
-        fn = self.model.compile_fn(outputs, inputs=inputs, point_fn=False, **self._compile_kwargs)
-        fn.trust_input = trust
-        return fn
+        return compile_cached(self.model, outputs, inputs, trust=trust, **self._compile_kwargs)
 
     @property
     def continuous_inputs(self) -> list:
@@ -384,10 +393,14 @@ class ObservationTerms:
 
         The positions are those of :meth:`loglik_batch`: of the permuted copy
         when there is one, else rows of the data; the window only with
-        ``batches="windows"``.
+        ``batches="windows"``. The arrays indexed enter as inputs
+        (:attr:`BatchGraphs.sources`, given :meth:`batch_sources`): the graph
+        reads no variable of this step's own, so that steps built on the
+        same model share its compiled function
+        (:func:`~pymc_subsample.model.function_cache.compile_cached`).
         """
         idx = pt.lvector("idx")
-        source = self._copy.shared if self._copy is not None else self.data
+        source = self._batch_sources
         subset = graph_replace(
             graph, {d: s[idx] for d, s in zip(self.data, source, strict=True)}, strict=False
         )
@@ -395,7 +408,11 @@ class ObservationTerms:
         views = {d: s[start:stop] for d, s in zip(self.data, source, strict=True)}
         first = (start, stop, graph_replace(graph, views, strict=False))
         window = first if self.batches == "windows" else None
-        return BatchGraphs(idx, subset, window, first)
+        return BatchGraphs(idx, subset, window, first, list(source))
+
+    def batch_sources(self) -> list[np.ndarray]:
+        """Return the arrays that :meth:`batch_graphs` index: the permuted copies, else the data."""
+        return list(self._copy.values) if self._copy is not None else self._data_rows()
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -570,7 +587,7 @@ class ObservationTerms:
             cands, others = self._exact_arrays(candidates, point)
             start = np.asarray(positions.start, dtype=np.int64)
             stop = np.asarray(positions.stop, dtype=np.int64)
-            return self._window_fn(*cands, start, stop, *others)
+            return self._window_fn(*cands, start, stop, *self._copy.values, *others)
         if self._copy is not None:  # whole blocks (or a window across the end) of the permuted copy
             positions = np.asarray(positions, dtype=np.int64)
             rows = [p.take(positions, axis=0) for p in self._copy.values]

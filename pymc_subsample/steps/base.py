@@ -15,6 +15,7 @@ from pymc.util import get_random_generator
 from ..mcmc.audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
 from ..mcmc.backoff import Backoff
 from ..mcmc.cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
+from ..model.function_cache import compile_cached
 from ..model.terms import ObservationTerms
 from ..options import AuditOptions, RaceOptions, options_or_default
 from ..racing import ExactSwitch, RaceConfig
@@ -529,7 +530,7 @@ class RacingStep(BlockedStep):
         """Compile the model's joint log density for :meth:`_joint_scores`, and call it once."""
         kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
         model = self.model
-        fn = model.compile_fn(model.logp(), inputs=model.value_vars, point_fn=False, **kwargs)
+        fn = compile_cached(model, model.logp(), model.value_vars, **kwargs)
         value = fn(*[self.initial_point[v.name] for v in model.value_vars])
         self._joint_fn = fn
         # single precision rounds a sum over many rows far above the double one

@@ -1,0 +1,159 @@
+"""Compiled functions shared by the steps built on the same graphs.
+
+Every step compiles its functions (terms on rows, sums, expansions, ...) from
+graphs that it builds anew, and Numba keeps the machine code of every function
+it compiles, with no API to free it: a loop that builds and drops many steps
+(simulation-based calibration, cross-validation, one step per model order)
+would grow with their number. Graphs of the same structure compile to the same
+code, so :func:`compile_cached` compiles a graph once and hands the same
+:class:`~pytensor.compile.executor.Function` to every later step that asks for
+an equal graph.
+
+Two graphs are equal (:func:`graph_key`) when they apply the same operations,
+in the same order, to inputs of the same types at the same positions,
+constants of the same values and the same shared variables. Functions that
+read no shared variable (the per-observation data enter them as inputs) are
+kept in one bounded cache, shared across models of the same structure;
+functions that read shared variables (``pm.Data`` inputs, read in place, so
+that ``pm.set_data`` reaches them) are kept per model, for as long as the
+model lives, so that a cache never keeps a dropped model's data alive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant
+from pytensor.graph.traversal import io_toposort
+
+__all__ = ["FUNCTION_CACHE_SIZE", "clear_function_cache", "compile_cached", "graph_key"]
+
+#: Compiled functions kept by each cache (least recently used dropped first): a step
+#: compiles about ten, so steps of several kinds built in turn all find theirs.
+FUNCTION_CACHE_SIZE = 64
+
+_SHARED_FREE: OrderedDict = OrderedDict()
+_PER_MODEL: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _constant_key(data) -> tuple:
+    value = np.asarray(data)
+    if value.dtype == object:
+        return ("object", id(data))
+    digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+    return (value.dtype.str, value.shape, digest)
+
+
+def _kwargs_key(kwargs: dict) -> tuple | None:
+    try:
+        key = tuple(sorted(kwargs.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def graph_key(outputs, inputs: Sequence) -> tuple[tuple, list] | None:
+    """Return a key of the graph of ``outputs`` in ``inputs``, and the shared variables it reads.
+
+    The key holds the graph's operations, the inputs' types by position, the
+    constants' values (hashed) and the shared variables themselves (so that
+    a key keeps them alive and no other variable can take their identity).
+    None when the graph has another root (nothing to key it on): it is then
+    compiled as usual.
+    """
+    outs = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    inputs = list(inputs)
+    coords: dict = {v: ("in", i, v.type) for i, v in enumerate(inputs)}
+    parts: list = []
+    shared: list = []
+    for node in io_toposort(inputs, outs):
+        args = []
+        for v in node.inputs:
+            if v not in coords:
+                if isinstance(v, SharedVariable):
+                    coords[v] = ("shared", v, v.type)
+                    shared.append(v)
+                elif isinstance(v, Constant):
+                    coords[v] = ("const", v.type, _constant_key(v.data))
+                else:
+                    return None
+            args.append(coords[v])
+        parts.append((node.op, tuple(args)))
+        for j, out in enumerate(node.outputs):
+            coords[out] = ("node", len(parts) - 1, j)
+    heads = []
+    for v in outs:
+        if v not in coords:  # an input or a root returned as it is
+            if isinstance(v, SharedVariable):
+                coords[v] = ("shared", v, v.type)
+                shared.append(v)
+            elif isinstance(v, Constant):
+                coords[v] = ("const", v.type, _constant_key(v.data))
+            else:
+                return None
+        heads.append(coords[v])
+    shape = isinstance(outputs, list | tuple)
+    return (tuple(parts), tuple(heads), shape, tuple(v.type for v in inputs)), shared
+
+
+def _model_shared(model) -> set:
+    """Return the model's own shared variables: its ``pm.Data`` and its dimensions' lengths."""
+    found = set(getattr(model, "dim_lengths", {}).values())
+    found |= {v for v in model.named_vars.values() if isinstance(v, SharedVariable)}
+    return {v for v in found if isinstance(v, SharedVariable)}
+
+
+def compile_cached(model, outputs, inputs: Sequence, trust: bool = False, **kwargs):
+    """Return ``model.compile_fn(outputs, inputs=inputs, point_fn=False, **kwargs)``, compiled once.
+
+    A function compiled for an equal graph (:func:`graph_key`) with the same
+    keyword arguments and ``trust`` (PyTensor's ``trust_input``) is returned
+    instead of a new one. Callers share it, so they must not set attributes
+    on it; a call keeps none of its inputs (PyTensor clears them). A graph
+    that reads a shared variable of a step's own (not the model's) is
+    compiled anew, and not kept.
+    """
+
+    def compile_new():
+        fn = model.compile_fn(outputs, inputs=list(inputs), point_fn=False, **kwargs)
+        fn.trust_input = trust
+        return fn
+
+    found = graph_key(outputs, inputs)
+    kw = _kwargs_key(kwargs)
+    if found is None or kw is None:
+        return compile_new()
+    graph, shared = found
+    if shared and not set(shared) <= _model_shared(model):
+        return compile_new()
+    key = (graph, kw, bool(trust), bool(getattr(model, "check_bounds", True)))
+    if shared:
+        cache = _PER_MODEL.get(model)
+        if cache is None:
+            cache = _PER_MODEL[model] = OrderedDict()
+    else:
+        cache = _SHARED_FREE
+    try:
+        fn = cache.get(key)
+    except TypeError:  # an operation that cannot be hashed
+        return compile_new()
+    if fn is not None:
+        cache.move_to_end(key)
+        return fn
+    fn = compile_new()
+    cache[key] = fn
+    while len(cache) > FUNCTION_CACHE_SIZE:
+        cache.popitem(last=False)
+    return fn
+
+
+def clear_function_cache() -> None:
+    """Drop every cached function (their machine code stays with Numba until the process ends)."""
+    _SHARED_FREE.clear()
+    _PER_MODEL.clear()
