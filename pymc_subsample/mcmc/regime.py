@@ -33,6 +33,7 @@ import numpy as np
 __all__ = [
     "FIT_WINDOW",
     "PAY_SHARE",
+    "SMALL_N",
     "POOR_ACCEPT",
     "POOR_MISFIT",
     "REGIME_REASONS",
@@ -54,6 +55,9 @@ POOR_ACCEPT = 0.2
 POOR_MISFIT = 1.0
 #: Mean share of the rows a decision reads at or over which subsampling cannot pay.
 PAY_SHARE = 0.5
+#: Observations at or under which subsampling cannot pay whatever a decision reads: a
+#: full pass is cheap, and races that stop early against a poor fit stop on rejections.
+SMALL_N = 20_000
 
 
 @dataclass(frozen=True)
@@ -95,12 +99,14 @@ class FitCheck:
 
     Records per decision whether the exact test accepted, the misfit
     :math:`|\Delta\ell - \Delta\tilde\ell|` (NaN where not measured) and the
-    share of the :math:`N` rows the decision read. :attr:`poor` is True when,
+    share of the :math:`N` rows the decision read. :meth:`poor` is True when,
     over the last :data:`FIT_WINDOW` decisions, the fit is poor (acceptance
     under :data:`POOR_ACCEPT` or median misfit over :data:`POOR_MISFIT`) and
-    the decisions read :data:`PAY_SHARE` of the rows or more on average: a
-    race that reads most of the data saves nothing over an exact sampler, and a
-    poorly fitted surrogate gives poorly mixing proposals.
+    subsampling cannot pay: the decisions read :data:`PAY_SHARE` of the rows
+    or more on average (a race that reads most of the data saves nothing over
+    an exact sampler), or :math:`N` is at most :data:`SMALL_N` (a full pass is
+    cheap, and where the surrogate misfits, races stop early on rejections: few
+    rows read, and a chain that barely moves).
 
     Parameters
     ----------
@@ -154,10 +160,9 @@ class FitCheck:
             return False
         return self.accept_rate < POOR_ACCEPT or self.misfit > POOR_MISFIT
 
-    @property
-    def poor(self) -> bool:
-        """The fit is poor and the decisions read most of the rows: leave the quadratic."""
-        return self.poor_fit and self.rows_share >= PAY_SHARE
+    def poor(self, n_obs: int) -> bool:
+        """Return True when the fit is poor and subsampling ``n_obs`` rows cannot pay."""
+        return self.poor_fit and (self.rows_share >= PAY_SHARE or n_obs <= SMALL_N)
 
     def describe(self) -> str:
         """Return the measured numbers, for a warning."""
@@ -165,5 +170,5 @@ class FitCheck:
             f"over the last {self.n} tuning decisions the exact test accepted "
             f"{self.accept_rate:.0%}, the surrogate's log density change missed the exact "
             f"one by {self.misfit:.2g} nats (median), and a decision read "
-            f"{self.rows_share:.0%} of the rows"
+            f"{self.rows_share:.0%} of the rows on average"
         )

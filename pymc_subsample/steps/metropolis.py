@@ -711,7 +711,7 @@ class RacingMetropolis(RacingStep):
         }
         if self.tune:
             self._tuning_accepts.append(float(np.mean(accepted)))
-            if self._checks_fit and self.fit_check.poor and self._may_switch:
+            if self._checks_fit and self.fit_check.poor(self.terms.n_obs) and self._may_switch:
                 self._switch_to_nuts(point)
             else:
                 self._tune_step(accepted, accept, 1.0 if info is None else info.integrator_accept)
@@ -883,7 +883,8 @@ class RacingMetropolis(RacingStep):
         self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
         warnings.warn(
             f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
-            f"subsampling cannot pay here ({check.describe()}); the step now draws "
+            f"subsampling cannot pay here (N = {self.terms.n_obs}; {check.describe()}); the "
+            "step now draws "
             f"{', '.join(v.name for v in nuts_vars)} with PyMC's NUTS on the exact "
             f"full-data log density, for the rest of its run (regime 'nuts', reason "
             f"'poor_fit': sampler stat regime = {self.regime.code}). Pass proposal='normal' "
