@@ -810,9 +810,13 @@ class RacingMetropolis(RacingStep):
 
     @property
     def _checks_fit(self) -> bool:
-        """The surrogate's fit is measured: the default HMC proposal or its random walk."""
+        """The surrogate's fit is measured: the HMC proposal or its random walk, racing.
+
+        Not with ``RaceOptions(bound="exact")``: plain MH, asked for as such (a reference run).
+        """
         return (
             self.proposal == "hmc"
+            and self.bound != "exact"
             and self.regime.reason in ("chosen", "hmc_rejected")
             and self.fit.surrogate is not None
         )
