@@ -19,8 +19,8 @@ otherwise); :math:`|\Delta\ell - \Delta\tilde\ell|` is the surrogate path's
 energy error against the exact one (for HMC, the part of the exact test's
 log ratio that no step size removes). With the exact test's acceptance and
 the share of the rows a decision reads, it tells when the quadratic fails
-(Bardenet, Doucet & Holmes 2017 and Quiroz et al. 2019 on when subsampled MH
-pays: a control variate's residuals must be small for a race to stop early).
+(Bardenet, Doucet & Holmes 2017 on when subsampled MH pays: a control
+variate's residuals must be small for a race to stop early).
 """
 
 from __future__ import annotations
