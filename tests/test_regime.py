@@ -172,3 +172,22 @@ def test_the_switched_chain_matches_nuts():
         se = np.hypot(float(a["mcse_mean"]), float(b["mcse_mean"]))
         assert abs(float(a["mean"]) - float(b["mean"])) < 4 * se, name
         assert abs(float(a["sd"]) / float(b["sd"]) - 1) < 0.2, name
+
+
+def test_the_random_walk_after_an_hmc_fallback_is_measured_too():
+    """After 'hmc_rejected' the preconditioned random walk's decisions feed the check."""
+    model = banana()
+    with model:
+        step = RacingMetropolis([model["a"], model["b"]], rng=4)
+    point = model.initial_point()
+    point, _ = step.step(point)  # fits the surrogate
+    with pytest.warns(UserWarning, match="falls back to a random walk"):
+        for _ in range(FIT_WINDOW):
+            step._tune_step(np.array([False]), np.array([0.0]))
+    assert step.regime.reason == "hmc_rejected"
+    step.fit_check.clear()
+    for _ in range(10):
+        point, (st,) = step.step(point)
+    check = step.fit_check
+    assert check.n == 10 and np.isfinite(check.misfit)
+    assert st["regime"] == REGIME_REASONS.index("hmc_rejected")
