@@ -191,3 +191,22 @@ def test_the_random_walk_after_an_hmc_fallback_is_measured_too():
     check = step.fit_check
     assert check.n == 10 and np.isfinite(check.misfit)
     assert st["regime"] == REGIME_REASONS.index("hmc_rejected")
+
+
+def test_a_block_nuts_cannot_take_keeps_racing(monkeypatch):
+    def no_nuts(*args, **kwargs):
+        raise NotImplementedError("no gradient")
+
+    monkeypatch.setattr(pm, "NUTS", no_nuts)
+    model = banana()
+    with model:
+        step = RacingMetropolis([model["a"], model["b"]], rng=3)
+    point = model.initial_point()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(FIT_WINDOW + 20):
+            point, (st,) = step.step(point)
+    failed = [w for w in caught if "could not be built" in str(w.message)]
+    assert len(failed) == 1 and "no gradient" in str(failed[0].message)
+    assert step.nuts is None and step.regime.proposal != "nuts"
+    assert st["regime"] != REGIME_REASONS.index("poor_fit")

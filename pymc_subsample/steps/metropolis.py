@@ -368,6 +368,7 @@ class RacingMetropolis(RacingStep):
         #: PyMC's NUTS on the block, built when the step leaves the surrogate ("poor_fit")
         self.nuts = None
         self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
+        self._nuts_failed = False  # NUTS could not be built: the step keeps racing
         self._autodiff = needs_surrogate and self._compile_taylor()
         if self._coordinates:
             if not self._autodiff:
@@ -713,7 +714,7 @@ class RacingMetropolis(RacingStep):
             self._tuning_accepts.append(float(np.mean(accepted)))
             if self._checks_fit and self.fit_check.poor(self.terms.n_obs) and self._may_switch:
                 self._switch_to_nuts(point)
-            else:
+            if self.regime.proposal != "nuts":
                 self._tune_step(accepted, accept, 1.0 if info is None else info.integrator_accept)
             self._count_tuning_draw()
         self.fit.watch_refits(log["refits"])
@@ -819,6 +820,7 @@ class RacingMetropolis(RacingStep):
             and self.bound != "exact"
             and self.regime.reason in ("chosen", "hmc_rejected")
             and self.fit.surrogate is not None
+            and not self._nuts_failed
         )
 
     @property
@@ -875,14 +877,25 @@ class RacingMetropolis(RacingStep):
         potential = QuadPotentialDiagAdapt(
             self.dim, x[perm], np.diag(self.fit.inv_mass)[perm], 10, rng=rng.spawn(1)[0]
         )
-        self.nuts = pm.NUTS(
-            nuts_vars,
-            model=self.model,
-            potential=potential,
-            rng=rng,
-            initial_point=point,
-            compile_kwargs=self._compile_kwargs or None,
-        )
+        try:
+            self.nuts = pm.NUTS(
+                nuts_vars,
+                model=self.model,
+                potential=potential,
+                rng=rng,
+                initial_point=point,
+                compile_kwargs=self._compile_kwargs or None,
+            )
+        except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
+            self._nuts_failed = True
+            warnings.warn(
+                f"RacingMetropolis: the quadratic surrogate fits this posterior poorly "
+                f"({check.describe()}), but PyMC's NUTS could not be built for this block "
+                f"({type(err).__name__}: {err}); the step keeps racing",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
         self.nuts.tune = self.tune
         self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
         warnings.warn(
