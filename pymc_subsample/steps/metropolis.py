@@ -914,6 +914,7 @@ class RacingMetropolis(RacingStep):
         """One NUTS draw of the block (regime "nuts"); its stats mapped onto this step's."""
         if self.tune:
             self._count_tuning_draw()
+        self.nuts.tune = bool(self.tune)  # as this step's (set directly in a loop of steps)
         new, (nuts_stats,) = self.nuts.step(point)
         tree = float(nuts_stats["tree_size"])
         stats = {
