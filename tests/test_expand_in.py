@@ -235,12 +235,12 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
     _, st = mh_chain(in_alpha, model, 400)
     _, st_z = mh_chain(in_z, model, 400)
     accepted = np.mean([s["accepted"] for s in st])
-    accepted_z = np.mean([s["accepted"] for s in st_z])
-    # measured: 0.94 against 0.53 (the expansion in z misfits the boundary coefficient, on
-    # few enough rows that the step races on the raw terms: 0.37 when it raced on those
-    # residuals; 0.08 with backoff=False, whose raced tuning draws estimate the acceptance
-    # it tunes to)
-    assert accepted > 0.85 and accepted_z < 0.7, (accepted, accepted_z)
+    # the expansion in z misfits the boundary coefficient, on few enough rows that the step
+    # races on the raw terms: in tuning the step measures the misfit and leaves the
+    # surrogate for PyMC's NUTS (mcmc.regime.FitCheck); in alpha it keeps racing
+    assert accepted > 0.85, accepted
+    assert in_alpha.regime.reason == "chosen" and in_z.regime.reason == "poor_fit"
+    assert in_z.fit_check.accept_rate < 0.7, in_z.fit_check.describe()
     assert in_z.fit.raw_races and not in_alpha.fit.raw_races
     wrong = sum(s["n_wrong"] for s in st)
     assert stats.binom.sf(wrong - 1, 300, 0.05) > 1e-3, wrong

@@ -44,12 +44,18 @@ class HMCInfo:
     diverged : bool
         The position left the finite numbers: the proposal is the start,
         with a log ratio of :math:`-\infty`.
+    surrogate_change : float
+        :math:`\log\tilde\pi(x') - \log\tilde\pi(x)`, the surrogate's log
+        density change along the trajectory (NaN for a divergence): against the
+        exact change, the surrogate's misfit
+        (:class:`~pymc_subsample.mcmc.regime.FitCheck`).
     """
 
     integrator_accept: float
     n_steps: int
     step_size: float
     diverged: bool
+    surrogate_change: float = float("nan")
 
 
 def hmc_proposal(
@@ -107,4 +113,5 @@ def hmc_proposal(
     energy = log_density(np.stack([x, theta]))
     error = float(energy[1] - energy[0] + kinetic0 - kinetic1)
     accept = float(np.exp(min(0.0, error))) if np.isfinite(error) else 0.0
-    return theta, float(kinetic0 - kinetic1), HMCInfo(accept, n_steps, eps, False)
+    change = float(energy[1] - energy[0])
+    return theta, float(kinetic0 - kinetic1), HMCInfo(accept, n_steps, eps, False, change)

@@ -1,22 +1,63 @@
-"""What RacingMetropolis runs, against what it was asked: the proposal in use and why.
+r"""What RacingMetropolis runs, against what it was asked: the proposal in use and why.
 
 A step can leave the proposal its user chose: when the surrogate cannot be
-fitted (no control variates, no mass matrix) or when the exact test rejects
-nearly every HMC trajectory in tuning. :class:`Regime` records the proposal in
-use and the reason; the step's ``proposal`` stays the one chosen, each change
-warns once, and the sampler stat ``regime`` reports :attr:`Regime.code` per draw.
+fitted (no control variates, no mass matrix), when the exact test rejects
+nearly every HMC trajectory in tuning, or when the surrogate fits the
+posterior poorly where subsampling cannot pay (:class:`FitCheck`): the block is
+then drawn by PyMC's NUTS on the exact full-data log density (Hoffman &
+Gelman 2014), which needs no quadratic. :class:`Regime` records the proposal
+in use and the reason; the step's ``proposal`` stays the one chosen, each
+change warns once, and the sampler stat ``regime`` reports :attr:`Regime.code`
+per draw.
+
+The fit is measured on the decisions the step makes anyway, with no extra
+pass over the data. For a move from :math:`\theta` to :math:`\theta'`, the
+surrogate predicts the log density change :math:`\Delta\tilde\ell =
+\log\tilde\pi(\theta') - \log\tilde\pi(\theta)`, and the decision estimates the exact
+change :math:`\Delta\ell` (exactly when it reads every row, from its batch
+otherwise); :math:`|\Delta\ell - \Delta\tilde\ell|` is the surrogate path's
+energy error against the exact one (for HMC, the part of the exact test's
+log ratio that no step size removes). With the exact test's acceptance and
+the share of the rows a decision reads, it tells when the quadratic fails
+(Bardenet, Doucet & Holmes 2017 on when subsampled MH pays: a control
+variate's residuals must be small for a race to stop early).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["REGIME_REASONS", "Regime"]
+import numpy as np
+
+__all__ = [
+    "FIT_WINDOW",
+    "PAY_SHARE",
+    "SMALL_N",
+    "POOR_ACCEPT",
+    "POOR_MISFIT",
+    "REGIME_REASONS",
+    "FitCheck",
+    "Regime",
+]
 
 #: Reasons, by the code the ``regime`` stat reports: the proposal as chosen; a
 #: preconditioned random walk after the exact test rejected the HMC proposal in tuning;
-#: a plain random walk because the surrogate could not be fitted.
-REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate")
+#: a plain random walk because the surrogate could not be fitted; PyMC's NUTS on the
+#: exact log density because the surrogate fits poorly where subsampling cannot pay.
+REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate", "poor_fit")
+
+#: Tuning decisions a :class:`FitCheck` judges: the last ones, and the fewest it judges.
+FIT_WINDOW = 100
+#: Exact-test acceptance under which the fit is poor.
+POOR_ACCEPT = 0.2
+#: Median :math:`|\Delta\ell - \Delta\tilde\ell|` (nats) over which the fit is poor.
+POOR_MISFIT = 1.0
+#: Mean share of the rows a decision reads at or over which subsampling cannot pay.
+PAY_SHARE = 0.5
+#: Observations at or under which subsampling cannot pay whatever a decision reads: a
+#: full pass is cheap, and races that stop early against a poor fit stop on rejections.
+SMALL_N = 20_000
 
 
 @dataclass(frozen=True)
@@ -26,7 +67,8 @@ class Regime:
     Attributes
     ----------
     proposal : str
-        ``"hmc"``, ``"normal"`` or ``"langevin"``.
+        ``"hmc"``, ``"normal"``, ``"langevin"`` or ``"nuts"`` (PyMC's NUTS on
+        the exact log density, no race).
     preconditioned : bool
         The random walk (or HMC) uses the Laplace covariance.
     reason : str
@@ -50,3 +92,83 @@ class Regime:
     def fell_back(self) -> bool:
         """True when the step left the proposal chosen."""
         return self.reason != "chosen"
+
+
+class FitCheck:
+    r"""How well the surrogate fits, over the last tuning decisions.
+
+    Records per decision whether the exact test accepted, the misfit
+    :math:`|\Delta\ell - \Delta\tilde\ell|` (NaN where not measured) and the
+    share of the :math:`N` rows the decision read. :meth:`poor` is True when,
+    over the last :data:`FIT_WINDOW` decisions, the fit is poor (acceptance
+    under :data:`POOR_ACCEPT` or median misfit over :data:`POOR_MISFIT`) and
+    subsampling cannot pay: the decisions read :data:`PAY_SHARE` of the rows
+    or more on average (a race that reads most of the data saves nothing over
+    an exact sampler), or :math:`N` is at most :data:`SMALL_N` (a full pass is
+    cheap, and where the surrogate misfits, races stop early on rejections: few
+    rows read, and a chain that barely moves).
+
+    Parameters
+    ----------
+    window : int
+        Decisions kept (and the fewest judged).
+    """
+
+    def __init__(self, window: int = FIT_WINDOW) -> None:
+        self.window = int(window)
+        self.accepts: deque = deque(maxlen=self.window)
+        self.misfits: deque = deque(maxlen=self.window)
+        self.rows: deque = deque(maxlen=self.window)
+
+    def record(self, accepted: bool, misfit: float, rows: float) -> None:
+        """Take one decision: the exact test's outcome, the misfit (nats), the rows' share."""
+        self.accepts.append(float(accepted))
+        self.misfits.append(abs(float(misfit)))
+        self.rows.append(float(rows))
+
+    def clear(self) -> None:
+        """Forget the decisions (a new proposal is judged afresh)."""
+        self.accepts.clear()
+        self.misfits.clear()
+        self.rows.clear()
+
+    @property
+    def n(self) -> int:
+        """Decisions recorded (at most :attr:`window`)."""
+        return len(self.accepts)
+
+    @property
+    def accept_rate(self) -> float:
+        """Share of the recorded decisions that accepted (NaN before any)."""
+        return float(np.mean(self.accepts)) if self.accepts else float("nan")
+
+    @property
+    def misfit(self) -> float:
+        """Median of the finite misfits (NaN when none was measured)."""
+        finite = [m for m in self.misfits if np.isfinite(m)]
+        return float(np.median(finite)) if finite else float("nan")
+
+    @property
+    def rows_share(self) -> float:
+        """Mean share of the rows a decision read (NaN before any)."""
+        return float(np.mean(self.rows)) if self.rows else float("nan")
+
+    @property
+    def poor_fit(self) -> bool:
+        """The acceptance or the misfit says the quadratic fails (judged on a full window)."""
+        if self.n < self.window:
+            return False
+        return self.accept_rate < POOR_ACCEPT or self.misfit > POOR_MISFIT
+
+    def poor(self, n_obs: int) -> bool:
+        """Return True when the fit is poor and subsampling ``n_obs`` rows cannot pay."""
+        return self.poor_fit and (self.rows_share >= PAY_SHARE or n_obs <= SMALL_N)
+
+    def describe(self) -> str:
+        """Return the measured numbers, for a warning."""
+        return (
+            f"over the last {self.n} tuning decisions the exact test accepted "
+            f"{self.accept_rate:.0%}, the surrogate's log density change missed the exact "
+            f"one by {self.misfit:.2g} nats (median), and a decision read "
+            f"{self.rows_share:.0%} of the rows on average"
+        )

@@ -29,7 +29,7 @@ from ..mcmc.backoff import Backoff
 from ..mcmc.hmc import HMCInfo, hmc_proposal
 from ..mcmc.laplace import FULL_STENCIL_MAX_DIM, FlatBlock, LaplaceFit
 from ..mcmc.proposals import langevin_proposal, random_walk_proposal
-from ..mcmc.regime import Regime
+from ..mcmc.regime import FitCheck, Regime
 from ..mcmc.surrogate import QuadraticSurrogate, TaylorSurrogate
 from ..model.blocks import check_expand_in, continuous_value_vars, model_deterministics
 from ..model.expansion import Expansion
@@ -64,6 +64,8 @@ _RECENTRE_STEPS = 10
 #: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
 _REFIT_AFTER = 50
 _REFIT_SHARE = 0.25
+#: Tuning draws a chain must have left for the step to switch to NUTS (its adaptation needs them).
+_NUTS_MIN_TUNE = 200
 
 
 @dataclass_state
@@ -164,6 +166,7 @@ class RacingMetropolis(RacingStep):
         "audit_exact": (bool, []),
         "tune": (bool, []),
         "regime": (np.int8, []),
+        "diverging": (bool, []),
     }
 
     def __init__(
@@ -286,6 +289,12 @@ class RacingMetropolis(RacingStep):
         )
         #: the proposal in use and why (the chosen one is ``proposal``): :meth:`_fall_back`
         self.regime = Regime(proposal, self.preconditioned)
+        #: the surrogate's fit, measured in tuning (:class:`~pymc_subsample.mcmc.regime.FitCheck`)
+        self.fit_check = FitCheck()
+        #: PyMC's NUTS on the block, built when the step leaves the surrogate ("poor_fit")
+        self.nuts = None
+        self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
+        self._nuts_failed = False  # NUTS could not be built: the step keeps racing
         self._autodiff = needs_surrogate and self._compile_taylor()
         if self._coordinates:
             if not self._autodiff:
@@ -365,6 +374,10 @@ class RacingMetropolis(RacingStep):
         #: the last tuning decisions' acceptances (:attr:`race_delta`)
         self._tuning_accepts: deque = deque(maxlen=_DELTA_WINDOW)
         self.delta_share = 1.0
+        self.fit_check.clear()
+        if self.nuts is not None:
+            self.nuts.reset_tuning()
+            self.nuts.tune = self.tune
         self._reset_interval()
 
     @property
@@ -407,7 +420,11 @@ class RacingMetropolis(RacingStep):
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
         super().setup_chain(rng, tune, draws)
+        self._tune_left = int(tune)
         self.reset_tuning()
+        if self.nuts is not None:
+            self.nuts.setup_chain(self.rng.spawn(1)[0], tune, draws)
+            self.nuts.tune = self.tune
 
     def stop_tuning(self):
         """End tuning: fix the step size; warn when the surrogate proposal accepts too little.
@@ -416,6 +433,8 @@ class RacingMetropolis(RacingStep):
         references are dropped: after tuning, every refit starts from the same one.
         """
         super().stop_tuning()
+        if self.nuts is not None:
+            self.nuts.stop_tuning()
         if len(self._tuning_accepts) >= _DELTA_MIN_DECISIONS:
             rate = max(float(np.mean(self._tuning_accepts)), 0.01)
             self.delta_share = min(1.0, rate / (1.0 - rate))
@@ -563,6 +582,8 @@ class RacingMetropolis(RacingStep):
 
         With ``elemwise``, one random-walk decision per dimension, in random order.
         """
+        if self.regime.proposal == "nuts":
+            return self._nuts_draw(point)
         exact_mode = self.audit_exact  # as at the draw's start
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
@@ -589,6 +610,9 @@ class RacingMetropolis(RacingStep):
             x_new, extra, info = self._propose(x, point, log)
             ok, acc = self._decide(x, x_new, extra, point, audit, log)
             accepted, accept = np.array([ok]), np.array([acc])
+            if self.tune and self._checks_fit:
+                misfit = self._misfit(np.stack([x, x_new]), extra, info, point, log)
+                self.fit_check.record(ok, misfit, log["rows"] / self.terms.n_obs)
             if ok:
                 x = x_new
         n_decisions = len(accepted)
@@ -610,10 +634,15 @@ class RacingMetropolis(RacingStep):
             "audit_exact": exact_mode,
             "tune": self.tune,
             "regime": self.regime.code,
+            "diverging": False,
         }
         if self.tune:
             self._tuning_accepts.append(float(np.mean(accepted)))
-            self._tune_step(accepted, accept, 1.0 if info is None else info.integrator_accept)
+            if self._checks_fit and self.fit_check.poor(self.terms.n_obs) and self._may_switch:
+                self._switch_to_nuts(point)
+            if self.regime.proposal != "nuts":
+                self._tune_step(accepted, accept, 1.0 if info is None else info.integrator_accept)
+            self._count_tuning_draw()
         self.fit.watch_refits(log["refits"])
         if accepted.any() or x is not x0:
             point = dict(point)
@@ -642,6 +671,8 @@ class RacingMetropolis(RacingStep):
             log["n_evals"] += 2 * n_obs
             log["rows"] += n_obs
             log["exhausted"] = True
+            log["log_alpha"], log["misfit"] = log_alpha, np.nan
+            log["f0_change"] = float(log_f0[1] - log_f0[0])
             return bool(log_u < log_alpha), float(np.exp(min(0.0, log_alpha)))
         exact_part = log_f0[1] - log_f0[0] + extra
         exact = self.decides_exactly or self._backoff.take(key)
@@ -665,6 +696,10 @@ class RacingMetropolis(RacingStep):
         config = None if exact else self.race_config
         decision = mh_test(rewards, n_obs, exact_part, log_u, config, rng=self.rng, totals=sums)
         res = decision.race
+        # the exact log ratio (estimated from the batch when raced), for the fit's measure
+        log["log_alpha"], log["f0_change"] = decision.log_alpha, float(log_f0[1] - log_f0[0])
+        # on the control variate's residuals, the estimate less the exact part is the misfit
+        log["misfit"] = decision.log_alpha - exact_part if sur is not None else np.nan
         if config is not None:
             log["raced"] += 1
             self._backoff.record(key, spent[0], 2 * n_obs)  # as n_evals counts, against 2N
@@ -697,6 +732,136 @@ class RacingMetropolis(RacingStep):
             share = zero_difference_share(self._audit_batch(cands, point))
         self._record_audit(agree, structural=structural, zero_share=share)
         return agree
+
+    # -- the fit's measure, the switch to NUTS --------------------------------------------
+
+    @property
+    def _checks_fit(self) -> bool:
+        """The surrogate's fit is measured: the HMC proposal or its random walk, racing.
+
+        Not with ``RaceOptions(bound="exact")``: plain MH, asked for as such (a reference run).
+        """
+        return (
+            self.proposal == "hmc"
+            and self.bound != "exact"
+            and self.regime.reason in ("chosen", "hmc_rejected")
+            and self.fit.surrogate is not None
+            and not self._nuts_failed
+        )
+
+    @property
+    def _may_switch(self) -> bool:
+        """Enough tuning is left in the chain for NUTS to adapt (unknown outside pm.sample)."""
+        return self._tune_left is None or self._tune_left >= _NUTS_MIN_TUNE
+
+    def _count_tuning_draw(self) -> None:
+        if self._tune_left is not None:
+            self._tune_left -= 1
+
+    def _misfit(self, pair: np.ndarray, extra: float, info, point: dict, log: dict) -> float:
+        r"""Return :math:`\Delta\ell - \Delta\tilde\ell` for the draw's decision (NaN if unknown).
+
+        :math:`\Delta\ell` is the decision's exact log density change, estimated
+        from its batch when raced; :math:`\Delta\tilde\ell` the surrogate's, from the
+        HMC trajectory's ends, or the control variate's sums already in the race,
+        or (an exact decision of the random walk) the surrogate's sums at the two
+        points: :math:`O(d^2)`, no data read.
+        """
+        log_alpha = log.get("log_alpha", np.nan)
+        if not np.isfinite(log_alpha):
+            return np.nan
+        if info is not None:
+            return float(log_alpha - extra - info.surrogate_change)
+        if np.isfinite(log.get("misfit", np.nan)):
+            return float(log["misfit"])
+        now = self.fit.proposal_expansion(point, log, self.tune)
+        sums = self.fit.proposal_surrogate(point, now=now).total(pair)
+        return float(log_alpha - extra - log["f0_change"] - (sums[1] - sums[0]))
+
+    def _switch_to_nuts(self, point: dict) -> None:
+        """Leave the surrogate for PyMC's NUTS on the exact log density; warn once.
+
+        Built here, at the switch: variables in the model's order (PyMC 6.4
+        mislabels others), its diagonal mass matrix started at the Laplace
+        variances and adapted in the tuning left, as ``pm.sample``'s NUTS.
+        Tuning draws are discarded, so the kernel change leaves the kept
+        draws exact.
+        """
+        import pymc as pm
+        from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
+
+        check = self.fit_check
+        order = {v.name: i for i, v in enumerate(self.model.value_vars)}
+        nuts_vars = sorted(self.vars, key=lambda v: order[v.name])
+        ours = {v.name: k for k, v in enumerate(self.vars)}
+        starts = np.cumsum([0, *self._sizes])
+        perm = np.concatenate(
+            [np.arange(starts[ours[v.name]], starts[ours[v.name] + 1]) for v in nuts_vars]
+        )
+        x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
+        rng = self.rng.spawn(1)[0]
+        potential = QuadPotentialDiagAdapt(
+            self.dim, x[perm], np.diag(self.fit.inv_mass)[perm], 10, rng=rng.spawn(1)[0]
+        )
+        try:
+            self.nuts = pm.NUTS(
+                nuts_vars,
+                model=self.model,
+                potential=potential,
+                rng=rng,
+                initial_point=point,
+                compile_kwargs=self._compile_kwargs or None,
+            )
+        except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
+            self._nuts_failed = True
+            warnings.warn(
+                f"RacingMetropolis: the quadratic surrogate fits this posterior poorly "
+                f"({check.describe()}), but PyMC's NUTS could not be built for this block "
+                f"({type(err).__name__}: {err}); the step keeps racing",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        self.nuts.tune = self.tune
+        self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
+        warnings.warn(
+            f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
+            f"subsampling cannot pay here (N = {self.terms.n_obs}; {check.describe()}); the "
+            "step now draws "
+            f"{', '.join(v.name for v in nuts_vars)} with PyMC's NUTS on the exact "
+            f"full-data log density, for the rest of its run (regime 'nuts', reason "
+            f"'poor_fit': sampler stat regime = {self.regime.code}). Pass proposal='normal' "
+            "to keep the racing random walk",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def _nuts_draw(self, point: dict):
+        """One NUTS draw of the block (regime "nuts"); its stats mapped onto this step's."""
+        if self.tune:
+            self._count_tuning_draw()
+        self.nuts.tune = bool(self.tune)  # as this step's (set directly in a loop of steps)
+        new, (nuts_stats,) = self.nuts.step(point)
+        tree = float(nuts_stats["tree_size"])
+        stats = {
+            "accept": float(nuts_stats["mean_tree_accept"]),
+            "accepted": float(nuts_stats["index_in_trajectory"] != 0),
+            "scaling": float(nuts_stats["step_size"]),
+            "n_evals": int(round(tree)) * self.terms.n_obs,  # a full gradient per leapfrog
+            "frac_evals": 1.0,
+            "exhausted": True,
+            "n_decisions": 1,
+            "n_audited": 0,
+            "n_wrong": 0,
+            "n_raced": 0,
+            "n_refits": 0,
+            "audit_agree": AUDIT_NOT_RUN,
+            "audit_exact": self.audit_exact,
+            "tune": self.tune,
+            "regime": self.regime.code,
+            "diverging": bool(nuts_stats["diverging"]),
+        }
+        return new, [stats]
 
     def _fall_back(self, regime: Regime, scaling: float) -> None:
         """Run ``regime``'s proposal from now on, starting at ``scaling`` (the caller warns).
