@@ -332,7 +332,12 @@ def run(
             print(f"  skipped {label}: {reason}", flush=True)
             return
         print(f"  {label} ...", flush=True)
-        rows.append(fn())
+        try:
+            rows.append(fn())
+        except Exception as err:  # a peer that fails is a finding of the row, not a crash
+            skipped.append(f"{label}: failed ({type(err).__name__}: {err})")
+            print(f"  {label} failed: {type(err).__name__}: {err}", flush=True)
+            return
         print(f"  {rows[-1]['min_ess']:.0f} ESS in {rows[-1]['seconds']:.1f} s", flush=True)
 
     nuts_chains = 1 if big else 2
