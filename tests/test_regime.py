@@ -13,6 +13,7 @@ from pymc_subsample.mcmc.regime import (
     PAY_SHARE,
     POOR_ACCEPT,
     POOR_MISFIT,
+    POOR_MISFIT_TAIL,
     REGIME_REASONS,
     SMALL_N,
     FitCheck,
@@ -66,6 +67,17 @@ def test_fit_check_reads_the_acceptance_and_the_misfit(accepted, misfit, poor_fi
     fill(check, accepted, misfit, 1.0)
     assert check.poor_fit is poor_fit
     assert (check.accept_rate < POOR_ACCEPT or check.misfit > POOR_MISFIT) is poor_fit
+
+
+def test_fit_check_reads_the_misfit_tail():
+    """A good median with a tenth of the moves missed by nats is a poor fit (a curved ridge)."""
+    check = FitCheck()
+    fill(check, True, 0.1, 1.0, n=FIT_WINDOW - FIT_WINDOW // 20)
+    fill(check, True, 2 * POOR_MISFIT_TAIL, 1.0, n=FIT_WINDOW // 20)  # 5%: under the quantile
+    assert check.misfit < POOR_MISFIT and not check.poor_fit
+    fill(check, True, 2 * POOR_MISFIT_TAIL, 1.0, n=FIT_WINDOW // 10)  # now 15% of the window
+    assert check.misfit < POOR_MISFIT and check.misfit_tail > POOR_MISFIT_TAIL
+    assert check.poor_fit and "90% quantile" in check.describe()
 
 
 def test_fit_check_leaves_a_poor_fit_where_subsampling_pays():
@@ -149,37 +161,63 @@ def test_does_not_switch_on_an_easy_large_n_logistic_and_measures_without_side_e
     np.testing.assert_array_equal(measured, plain)
 
 
-def _summary_of_abs(idata, name):
-    draws = np.abs(idata.posterior[name].values.reshape(2, -1))
-    return az.summary(az.convert_to_dataset({name: draws}), kind="all").iloc[0]
+def curved_banana(n_obs: int = 10):
+    """y ~ Normal(a b, 1), a ~ LogNormal(0, 0.5): a curved ridge with one branch (a > 0).
+
+    The quadratic at the mode misses a tenth of the surrogate's moves by nats, while
+    the median miss is small; NUTS samples it (with a few divergences at large a).
+    """
+    y = 1.0 + np.random.default_rng(0).normal(size=n_obs)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        a = pm.LogNormal("a", 0.0, 0.5)
+        b = pm.Normal("b", 0.0, 1.0)
+        pm.Normal("y", a * b, 1.0, observed=y_data)
+    return model, y
 
 
-@pytest.mark.slow  # failed twice in CI on a clean clone (sd of |b| 0.31 vs 0.63), passes here
-def test_the_switched_chain_matches_nuts():
-    model = banana()
+def curved_banana_moments(y: np.ndarray) -> dict:
+    """Exact posterior means and sds of a and b: b given a is normal, a by quadrature."""
+    n, s1 = len(y), float(np.sum(y))
+    a = np.linspace(1e-6, 8.0, 400_001)
+    prec = 1.0 + n * a**2  # b | a ~ Normal(a s1 / prec, 1 / prec)
+    mean_b = a * s1 / prec
+    log_w = -0.5 * (np.log(a) / 0.5) ** 2 - np.log(a) + 0.5 * mean_b**2 * prec - 0.5 * np.log(prec)
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    ea, eb = float(w @ a), float(w @ mean_b)
+    return {
+        "a": (ea, float(np.sqrt(w @ a**2 - ea**2))),
+        "b": (eb, float(np.sqrt(w @ (mean_b**2 + 1.0 / prec) - eb**2))),
+    }
+
+
+def test_the_switched_chain_matches_the_exact_posterior():
+    """The fit check leaves the quadratic on a curved ridge, and the NUTS chain is right.
+
+    The reference is exact (quadrature), not another chain: PyMC's NUTS on this
+    posterior is itself off by up to 5 MCSE in the sd on some seeds (divergences at
+    large a). The step's racing HMC, kept on it, mixes poorly (bulk ESS of 3 to 50 in
+    1,000 draws at N = 30).
+    """
+    model, y = curved_banana()
+    exact = curved_banana_moments(y)
     with model:
         step = RacingMetropolis([model["a"], model["b"]])
         with pytest.warns(UserWarning, match="PyMC's NUTS"):
-            ours = pm.sample(
-                500, tune=500, chains=2, cores=1, step=step, random_seed=1,
+            idata = pm.sample(
+                1000, tune=1000, chains=2, cores=1, step=step, random_seed=1,
                 progressbar=False, compute_convergence_checks=False,
             )  # fmt: skip
-        ref = pm.sample(
-            500, tune=500, chains=2, cores=1, random_seed=2,
-            progressbar=False, compute_convergence_checks=False,
-        )  # fmt: skip
-    stats = ours.sample_stats
-    kept = stats["regime"].values[:, :]
-    assert (kept == REGIME_REASONS.index("poor_fit")).all()  # both chains, after tuning
-    assert stats["frac_evals"].values.min() == 1.0 and stats["n_evals"].values.min() >= 1_000
-    # the posterior is symmetric under (a, b) -> (-a, -b): a chain may keep to one of the two
-    # modes, so compare |a| and |b|, whose law is the same in both
-    for name in ("a", "b"):
-        a = _summary_of_abs(ours, name)
-        b = _summary_of_abs(ref, name)
-        se = np.hypot(float(a["mcse_mean"]), float(b["mcse_mean"]))
-        assert abs(float(a["mean"]) - float(b["mean"])) < 4 * se, name
-        assert abs(float(a["sd"]) / float(b["sd"]) - 1) < 0.2, name
+    stats = idata.sample_stats
+    assert (stats["regime"].values == REGIME_REASONS.index("poor_fit")).all()  # both chains
+    assert stats["frac_evals"].values.min() == 1.0 and stats["n_evals"].values.min() >= len(y)
+    summary = az.summary(idata, kind="all")
+    for name, (mean, sd) in exact.items():
+        row = summary.loc[name]
+        assert float(row["ess_bulk"]) >= 150, name  # the chain mixes
+        assert abs(float(row["mean"]) - mean) < 4 * float(row["mcse_mean"]), name
+        assert abs(float(row["sd"]) - sd) < 5 * float(row["mcse_sd"]), name
 
 
 def test_the_random_walk_after_an_hmc_fallback_is_measured_too():
