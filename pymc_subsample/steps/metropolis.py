@@ -288,6 +288,15 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         return self.delta * self._delta_share
 
     @property
+    def tuning_accepts(self) -> tuple[float, ...]:
+        """The acceptances of the most recent tuning draws, oldest first (for :attr:`race_delta`).
+
+        One per draw (the mean of its decisions with ``elemwise``); emptied
+        when a chain starts its tuning.
+        """
+        return tuple(self._tuning_accepts)
+
+    @property
     def delta_share(self) -> float:
         """:attr:`race_delta` over ``delta``: set when tuning ends, 1 before."""
         return self._delta_share

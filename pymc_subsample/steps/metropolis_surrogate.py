@@ -104,6 +104,21 @@ class MetropolisSurrogate:
         return True
 
     @property
+    def expansion(self) -> Expansion | None:
+        """The compiled Taylor expansion of the terms in the block's variables.
+
+        None where the terms cannot be differentiated twice (the surrogate is
+        then the finite-difference stencil's) or where the step needs no
+        surrogate; the surrogate at the mode is :attr:`surrogate`.
+        """
+        return self._expansion
+
+    @property
+    def coordinate_expansion(self) -> Expansion | None:
+        """The compiled Taylor expansion in the ``expand_in`` Deterministics (None without)."""
+        return self._coordinate_expansion
+
+    @property
     def surrogate(self) -> QuadraticSurrogate | TaylorSurrogate | None:
         """The expansion of the terms at the mode; None before the first draw.
 
