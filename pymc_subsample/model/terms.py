@@ -10,7 +10,8 @@ the rest of the Markov blanket. :class:`ObservationTerms` compiles both for a ba
 of candidates, on any subset of observations at a cost that grows with the subset,
 not with :math:`N` (Chen & Ghahramani 2016, Sec. 2). The block's split is in
 :mod:`~pymc_subsample.model.blocks`, the data inputs in
-:mod:`~pymc_subsample.model.data`, the expansions in
+:mod:`~pymc_subsample.model.data`, the rows taken up and their permutation in
+:mod:`~pymc_subsample.model.term_rows`, the expansions in
 :mod:`~pymc_subsample.model.expansion`; the details: :ref:`observation-terms`.
 """
 

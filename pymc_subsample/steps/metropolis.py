@@ -12,6 +12,11 @@ stencil, :class:`~pymc_subsample.mcmc.surrogate.QuadraticSurrogate`; Bardenet,
 Doucet & Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
 the offsets. The same surrogate drives the default proposal: a Hamiltonian
 trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
+
+This module holds the MH decision; the proposals and their tuning are in
+:mod:`~pymc_subsample.steps.metropolis_proposals`, the surrogate's build and
+fit in :mod:`~pymc_subsample.steps.metropolis_surrogate`, the switch to NUTS
+in :mod:`~pymc_subsample.steps.nuts_regime`.
 """
 
 from __future__ import annotations
@@ -56,11 +61,6 @@ PROPOSALS = ("hmc", "normal", "langevin")
 #: and the fewest that do.
 _DELTA_WINDOW = 200
 _DELTA_MIN_DECISIONS = 20
-#: Newton steps at most that recentre the expansion at the other inputs' values (refits).
-_RECENTRE_STEPS = 10
-#: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
-_REFIT_AFTER = 50
-_REFIT_SHARE = 0.25
 
 
 @dataclass_state
