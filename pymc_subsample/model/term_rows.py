@@ -4,10 +4,10 @@ r"""The rows behind the per-observation terms: the data as taken up, and their p
 ``pm.Data`` inputs in data order (exact sums, scattered rows) or from a
 row-permuted copy (blocks and windows; :class:`~pymc_subsample.model.data.PermutedCopy`):
 a window of positions read from a uniformly random start is then a uniformly
-random subset of observations drawn without replacement (Chen & Ghahramani
-2016, Sec. 2). :class:`TermRows` takes up new data (``pm.set_data``: a new
-:math:`N`, the copies in data order until the next shuffle), redraws the
-permutation and maps positions of the copy back to rows of the data.
+random subset of observations drawn without replacement. :class:`TermRows`
+takes up new data (``pm.set_data``: a new :math:`N`, the copies in data order
+until the next shuffle), redraws the permutation and maps positions of the
+copy back to rows of the data.
 """
 
 from __future__ import annotations
