@@ -77,7 +77,7 @@ def test_gibbs_audits_find_wrong_terms_and_switch_to_the_joint_density():
         draws, st = draw_many(step, point, 600, "q")
     message = next(str(w.message) for w in record if "audited" in str(w.message))
     assert "structural or stale" in message
-    assert step.audit_exact and step.audit_cause == "structural" and step.audit_joint
+    assert step.audit_exact and step.audit_cause == "structural" and step._exact_independent
     switched = first_exact(st)
     assert 3 <= switched <= 40, switched  # three wrong audits suffice at delta = 0.05
     assert sum(s["audit_agree"] == 0 for s in st[:switched]) >= 3
@@ -169,7 +169,7 @@ def test_audits_that_do_not_act_warn_once_and_keep_racing():
     warned = [str(w.message) for w in record if "audited" in str(w.message)]
     assert len(warned) == 1 and "keeps racing" in warned[0] and "structural" in warned[0]
     assert step.audit_cause == "structural"
-    assert not step.audit_exact and not step.audit_joint
+    assert not step.audit_exact and not step._exact_independent
     assert not any(s["audit_exact"] for s in st) and all(s["n_raced"] == 1 for s in st)
     assert sum(s["audit_agree"] == 0 for s in st) > 3  # still audited, still wrong
 
@@ -186,7 +186,7 @@ def test_exact_mode_is_kept_across_chains():
         draw_many(step, model.initial_point(), 60, "q")
     assert step.audit_exact
     step.setup_chain(np.random.default_rng(2), 0, 10)
-    assert step.audit_exact and step.audit_joint and step.n_audits == 0
+    assert step.audit_exact and step._exact_independent and step.n_audits == 0
     _, st = draw_many(step, model.initial_point(), 10, "q")
     assert all(s["audit_exact"] and s["n_raced"] == 0 for s in st)
 

@@ -385,12 +385,9 @@ class RacingStep(BlockedStep):
 
     @property
     def backoff_state(self) -> dict:
-        """The back-off's state per decision key, ``{key: (run, left, share)}`` (a copy).
+        """Per decision key, the back-off's ``(run, left, share)``: a copy, empty as a chain starts.
 
-        ``run`` is the length of the last run of exact decisions after races
-        that gave up, ``left`` how many of it remain, ``share`` the weighted
-        share of recent races that gave up
-        (:class:`~pymc_subsample.mcmc.backoff.Backoff`); empty when a chain starts.
+        Read from :class:`~pymc_subsample.mcmc.backoff.Backoff` (its ``state``).
         """
         return {key: tuple(state) for key, state in self._backoff.state.items()}
 
@@ -496,17 +493,6 @@ class RacingStep(BlockedStep):
         self._run_seconds = 0.0  # in this step's draws since the chain's first one
         self._audit_seconds = 0.0  # in the audits' exact passes
         self._fastest_audit = np.inf
-
-    @property
-    def audit_joint(self) -> bool:
-        """Whether the step decides on the model's joint log density (audits found its terms wrong).
-
-        True when the audits found the race's own terms not to be the model's
-        (:attr:`audit_cause` ``"structural"``) and acted on it: every later
-        decision then takes the model's joint log density on all the data,
-        not the terms. Kept across chains, as :attr:`audit_exact`.
-        """
-        return self._exact_independent
 
     @property
     def audit_time_fraction(self) -> float:
