@@ -188,17 +188,15 @@ def test_mh_residuals_in_the_deterministics_add_up_to_the_exact_sum(arch_block, 
     model, _ = arch_block
     step = mh_steps["alpha"]
     point = model.initial_point()
-    x = step._flatten([point["z"]])
-    step._ensure_surrogate(x, point)
+    x = step.block.flatten([point["z"]])
+    step.fit.fit(x.copy(), point)
     cv = step.coordinate_surrogate
     assert cv is not None
     theta = x + np.array([0.01, -0.005, -0.004])  # the last coefficient towards its boundary
     rows = step.fit.coordinates_at(theta, point)[None]
     terms = step.terms
-    res = step._coordinate_expansion.residual_batch(
-        rows, slice(0, terms.n_obs), point, cv.theta_ref
-    )
-    exact = terms.loglik_sum(step._candidates(theta[None]), point)
+    res = step.coordinate_expansion.residual_batch(rows, slice(0, terms.n_obs), point, cv.theta_ref)
+    exact = terms.loglik_sum(step.block.candidates(theta[None]), point)
     np.testing.assert_allclose(res.sum() + cv.total(rows), exact, rtol=1e-10)
     np.testing.assert_allclose(rows[0], C * np.logaddexp(0, theta / C))
 

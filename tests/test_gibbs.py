@@ -161,7 +161,7 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     assert runs([True])[0] == 1  # the share starts at BACKOFF_SHARE: a first give-up backs off
     assert sum(runs([False, True] * 20)[4:]) == 0
     # a run of failures pushes the share above BACKOFF_SHARE, then the runs double
-    share = step._backoff.state[(0, 0)][2]
+    share = step.backoff_state[(0, 0)][2]
     first = runs([True] * 30)
     start = first.index(1)
     after = 1 - (1 - share) * (1 - 1 / BACKOFF_MEMORY) ** np.arange(1, 31)
@@ -170,7 +170,7 @@ def test_backoff_doubles_while_races_give_up_and_resets(selector):
     assert runs([False]) == [0]  # a race decided early: race again at once ...
     assert runs([True]) == [1]  # ... and start doubling from one while failures dominate
     step.setup_chain(np.random.default_rng(0), tune=0, draws=10)
-    assert step._backoff.state == {}
+    assert step.backoff_state == {}
 
 
 def test_auto_exact_fraction_picks_a_look_of_the_schedule(selector):

@@ -116,7 +116,7 @@ def test_compiled_gibbs_steps_are_freed_and_share_their_functions(large):
     refs, fns = [], []
     for _ in range(2):
         step = _build(large, "gibbs")
-        assert step._compiled, "the compiled race should apply at this N"
+        assert step.compiled, "the compiled race should apply at this N"
         refs.append([weakref.ref(x) for x in (step, step.terms)])
         fns.append(id(step.terms.compiled_rows().fn))
         del step

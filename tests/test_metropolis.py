@@ -378,7 +378,7 @@ def test_taylor_residuals_sum_to_the_exact_remainder(wide_regression):
     model, mean, _ = wide_regression
     step = RacingMetropolis([model["b"]], model=model)
     terms = step.terms
-    expansion = step._expansion  # the step's, compiled with it
+    expansion = step.expansion  # the step's, compiled with it
     rng = np.random.default_rng(0)
     ref = mean + 0.01 * rng.normal(size=len(mean))
     thetas = ref + 0.05 * rng.normal(size=(3, len(mean)))

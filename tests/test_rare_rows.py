@@ -97,7 +97,7 @@ def test_a_piecewise_linear_likelihood_races_on_the_raw_terms_and_says_so():
 def test_race_delta_follows_the_acceptance_of_tuning():
     step = _tune(_normal_model(2000), 60)
     assert step.race_delta == step.race_config.delta
-    rate = float(np.mean(step._tuning_accepts))
+    rate = float(np.mean(step.tuning_accepts))
     expected = step.delta * min(1.0, max(rate, 0.01) / (1 - max(rate, 0.01)))
     assert step.race_delta == pytest.approx(expected)
     # a new chain starts its tuning at delta again

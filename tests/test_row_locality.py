@@ -9,7 +9,12 @@ from pytensor.graph.traversal import graph_inputs
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
 from pymc_subsample.model.blocks import per_observation, prior_points
-from pymc_subsample.model.row_locality import equivariance_failure, find_row_mixing
+from pymc_subsample.model.row_locality import (
+    RowMixing,
+    equivariance_failure,
+    find_row_mixing,
+    reject_row_mixing,
+)
 
 N = 40
 RNG = np.random.default_rng(0)
@@ -230,3 +235,13 @@ def test_a_lag_through_a_longer_input_is_refused_naming_that_input():
         pm.Normal("obs", phi * series[:-1], 1, observed=observed)
         with pytest.raises(ModelSplitError, match=r"'series' \(301 rows\).*lag"):
             RacingMetropolis([phi])
+
+
+def test_reject_row_mixing_refuses_definite_mixing_only():
+    """Unverified operations pass (the numerical check decides); a definite one is refused."""
+    lag = RowMixing("a slice along the observation axis (y[:-1], y[1:])", ("y_data",))
+    unknown = RowMixing("an operation the rule does not follow", ("y_data",), definite=False)
+    reject_row_mixing([], ["y"], "mu")
+    reject_row_mixing([unknown], ["y"], "mu")
+    with pytest.raises(ModelSplitError, match=r"likelihood terms of y \(for mu\).*slice"):
+        reject_row_mixing([unknown, lag], ["y"], "mu")

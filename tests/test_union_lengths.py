@@ -274,17 +274,17 @@ def test_an_expansion_in_a_deterministic_adds_up_over_two_lengths():
         pm.Normal("y2", 0.5 * pm.Data("x2", x2), 2 * scale, observed=pm.Data("y2d", y2))
         step = RacingMetropolis([z], expand_in=["scale"], proposal="normal", rng=4)
     point = model.initial_point()
-    x = step._flatten([point["z"]])
-    step._ensure_surrogate(x, point)
+    x = step.block.flatten([point["z"]])
+    step.fit.fit(x.copy(), point)
     surrogate = step.coordinate_surrogate
     assert surrogate is not None
     theta = x + 0.2
     rows = step.fit.coordinates_at(theta, point)[None]
     terms = step.terms
-    residuals = step._coordinate_expansion.residual_batch(
+    residuals = step.coordinate_expansion.residual_batch(
         rows, slice(0, terms.n_obs), point, surrogate.theta_ref
     )
-    exact = terms.loglik_sum(step._candidates(theta[None]), point)
+    exact = terms.loglik_sum(step.block.candidates(theta[None]), point)
     s = np.exp(theta[0])
     by_hand = stats.norm.logpdf(y1, 0.5, s).sum() + stats.norm.logpdf(y2, 0.5 * x2, 2 * s).sum()
     np.testing.assert_allclose(exact, [by_hand], rtol=1e-7)  # PyMC's float32 constants

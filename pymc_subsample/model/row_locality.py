@@ -50,6 +50,7 @@ __all__ = [
     "equivariance_failure",
     "find_row_mixing",
     "not_local_error",
+    "reject_row_mixing",
 ]
 
 #: Draws from the prior at which :func:`check_row_locality` checks the terms (with the
@@ -146,6 +147,34 @@ def find_row_mixing(output: Variable, data: Sequence[Variable]) -> list[RowMixin
         RowMixing(text, tuple(sorted(srcs)), definite)
         for (text, definite), srcs in sorted(found.items(), key=lambda kv: not kv[0][1])
     ]
+
+
+def reject_row_mixing(mixing: Sequence[RowMixing], observed: Sequence[str], block: str) -> None:
+    """Refuse terms whose graph certainly reads other observations' rows.
+
+    Parameters
+    ----------
+    mixing : sequence of RowMixing
+        What :func:`find_row_mixing` found in the terms' graph; only the
+        ``definite`` entries are refused (the others are checked numerically,
+        :func:`check_row_locality`).
+    observed : sequence of str
+        The observed variables whose terms these are.
+    block : str
+        The block's variables, for the message.
+
+    Raises
+    ------
+    ModelSplitError
+        Naming every definite mixing and the fix (:data:`LAG_FIX`).
+    """
+    definite = [m for m in mixing if m.definite]
+    if definite:
+        found = "; ".join(m.describe() for m in definite)
+        raise ModelSplitError(
+            f"the likelihood terms of {', '.join(observed)} (for {block}) read other "
+            f"observations' rows: {found}. {LAG_FIX}"
+        )
 
 
 def _value_nodes(outputs: Sequence[Variable]) -> set:

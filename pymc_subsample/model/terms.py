@@ -10,7 +10,8 @@ the rest of the Markov blanket. :class:`ObservationTerms` compiles both for a ba
 of candidates, on any subset of observations at a cost that grows with the subset,
 not with :math:`N` (Chen & Ghahramani 2016, Sec. 2). The block's split is in
 :mod:`~pymc_subsample.model.blocks`, the data inputs in
-:mod:`~pymc_subsample.model.data`, the expansions in
+:mod:`~pymc_subsample.model.data`, the rows taken up and their permutation in
+:mod:`~pymc_subsample.model.term_rows`, the expansions in
 :mod:`~pymc_subsample.model.expansion`; the details: :ref:`observation-terms`.
 """
 
@@ -38,23 +39,20 @@ from .blocks import (
 )
 from .chunked_sum import ChunkedSum
 from .data import (
-    DataWatch,
-    PermutedCopy,
-    check_rows,
     find_data,
-    new_row_count,
     observed_terms,
     reject_numpy_inputs,
     slice_rows,
 )
 from .function_cache import compile_cached
 from .row_locality import (
-    LAG_FIX,
     LOCALITY_DRAWS,
     check_row_locality,
     find_row_mixing,
     not_local_error,
+    reject_row_mixing,
 )
+from .term_rows import TermRows
 from .union import UnionIndex
 
 __all__ = [
@@ -80,7 +78,7 @@ class BatchGraphs(NamedTuple):
     sources: list
 
 
-class ObservationTerms:
+class ObservationTerms(TermRows):
     r"""Per-observation log-likelihood terms of a block of variables, on index subsets.
 
     For candidates :math:`\theta_1..\theta_K` (a leading batch dimension):
@@ -172,10 +170,8 @@ class ObservationTerms:
         self.loglik_graph = loglik
         self._find_inputs(model, loglik, data)
         self._check_rows(self.n_obs)
-        self._reject_row_mixing(names)
-        self._data_watch = DataWatch(self.watched)
-        self._copy = PermutedCopy(self.data) if batches in ("blocks", "windows") else None
-        self._identity = None  # the permutation without a copy, made when asked
+        reject_row_mixing(self._mixing, self.observed, names)
+        self._init_rows()
         self._compile_terms(model.value_vars, loglik, log_f0)
         if self._union is not None:
             self._union.check_padding(
@@ -296,16 +292,6 @@ class ObservationTerms:
         self._cand_dtypes = [v.dtype for v in self.vars]
         self._input_dtypes = [v.dtype for v in self.inputs]
 
-    def _reject_row_mixing(self, names: str) -> None:
-        """Refuse terms whose graph certainly reads other observations' rows."""
-        definite = [m for m in self._mixing if m.definite]
-        if definite:
-            found = "; ".join(m.describe() for m in definite)
-            raise ModelSplitError(
-                f"the likelihood terms of {', '.join(self.observed)} (for {names}) read other "
-                f"observations' rows: {found}. {LAG_FIX}"
-            )
-
     def _check_row_locality(self, point: dict, names: str) -> None:
         """Check numerically that the terms are row-local (at ``point`` and prior draws).
 
@@ -358,11 +344,6 @@ class ObservationTerms:
         """The continuous value variables among :attr:`inputs` (what an expansion reads)."""
         return [v for v in self.inputs if v.dtype.startswith("float")]
 
-    @property
-    def has_permuted_copy(self) -> bool:
-        """Whether batches read a row-permuted copy of the data (``"blocks"``, ``"windows"``)."""
-        return self._copy is not None
-
     def loglik_with(self, replace: dict):
         """Per-observation log-likelihood with model variables replaced (before ``logp``).
 
@@ -410,10 +391,6 @@ class ObservationTerms:
         window = first if self.batches == "windows" else None
         return BatchGraphs(idx, subset, window, first, list(source))
 
-    def batch_sources(self) -> list[np.ndarray]:
-        """Return the arrays that :meth:`batch_graphs` index: the permuted copies, else the data."""
-        return list(self._copy.values) if self._copy is not None else self._data_rows()
-
     # -- evaluation -----------------------------------------------------------------------
 
     def candidate_arrays(self, candidates: Sequence) -> list:
@@ -427,105 +404,9 @@ class ObservationTerms:
             for n, d in zip(self.input_names, self._input_dtypes, strict=True)
         ]
 
-    # -- data set with pm.set_data ------------------------------------------------------
-
-    def _check_rows(self, n_obs: int) -> None:
-        check_rows(self.data, self.observed, n_obs)
-
-    def data_unchanged(self) -> bool:
-        """Return True when every pm.Data input still holds the array the terms last took up.
-
-        ``pm.set_data`` (``set_value``) puts a new array behind the input, so
-        an identity test per input sees it (a fraction of a microsecond);
-        writing into the array in place is not seen (call the step's
-        ``data_changed`` then).
-        """
-        return self._data_watch.unchanged()
-
-    def take_up_data(self, point: dict) -> tuple[list[str], int, int]:
-        r"""Take up the current values of the pm.Data inputs: :math:`N` and the permuted copies.
-
-        The compiled functions read the rows as inputs (or the shared
-        copies), so nothing is compiled again; :math:`N` is read from the
-        likelihood's shape at ``point`` (a full point of the model). The
-        permuted copies hold the new rows in data order until the next
-        :meth:`shuffle`.
-
-        Returns
-        -------
-        tuple
-            ``(changed, old_n, new_n)``: names of the inputs whose array
-            changed, :math:`N` before and after.
-
-        Raises
-        ------
-        ValueError
-            When the per-observation inputs no longer have one common number
-            of rows, have none, hold missing values (NaN or masked entries,
-            :class:`ModelSplitError`), or the likelihood cannot be evaluated
-            on the new data; the terms are left as they were.
-        """
-        changed = self._data_watch.changed()
-        old_n = self.n_obs
-        if self._union is not None:  # pad the user's inputs again: the union's own inputs
-            self._union.take_up(lambda: self._counts_on_new_data(point))
-        counts = (lambda: self._counts_on_new_data(point)) if self._union is None else (lambda: [])
-        new_n = new_row_count(self.data, self.observed, old_n, counts)
-        self._check_rows(new_n)
-        self.n_obs = new_n
-        self._identity = None  # of the new number of rows, made when asked
-        if self._copy is not None:  # the copies share the new arrays until the next shuffle
-            self._copy.take_up(self.data)
-        self._sum_rows.reset()
-        self._data_watch.remember()
-        return changed, old_n, new_n
-
-    def _counts_on_new_data(self, point: dict) -> list[int]:
-        """Return the observed variables' numbers of observations on the data as they are now."""
-        try:
-            return [
-                int(n) for n in self._lengths_fn(*[point[v.name] for v in self.model.value_vars])
-            ]
-        except Exception as err:
-            raise ValueError(
-                f"the likelihood of {', '.join(self.observed)} cannot be evaluated on the new "
-                f"data ({type(err).__name__}: {err}); the step cannot take them up"
-            ) from err
-
     def _exact_arrays(self, candidates, point) -> tuple[list, list]:
         """Return the candidates' and the other inputs' arrays, of the compiled dtypes."""
         return self.candidate_arrays(candidates), self.other_arrays(point)
-
-    def shuffle(self, rng: np.random.Generator) -> None:
-        """Redraw the row permutation behind :meth:`loglik_batch` (one pass over the data).
-
-        Every window of positions read from a uniformly random start is then a
-        uniformly random subset of observations drawn without replacement.
-        Without a permuted copy (``batches="random"``) there is nothing to
-        redraw: every race draws its own uniformly random rows.
-
-        The copies are rewritten in place (the data copied in, then their rows
-        shuffled, every input by the same draws): no index array of length
-        :math:`N` and no second copy is allocated. The permutation is the one
-        ``rng.permutation(N)`` would return, and ``rng`` ends in the same state
-        (:class:`~pymc_subsample.model.data.PermutedCopy`).
-        """
-        if self._copy is not None:
-            self._copy.shuffle(self.data, rng)
-
-    def permutation(self) -> np.ndarray:
-        """Return the current row permutation: position ``i`` of the copies holds its row.
-
-        Materialised on first call after a :meth:`shuffle` (int32 below
-        :math:`2^{31}` rows) from the RNG state that drew it; the identity
-        without a permuted copy.
-        """
-        if self._copy is not None:
-            return self._copy.permutation(self.n_obs)
-        if self._identity is None:
-            dtype = np.int32 if self.n_obs < 2**31 else np.int64
-            self._identity = np.arange(self.n_obs, dtype=dtype)
-        return self._identity
 
     def loglik_subset(
         self, candidates: Sequence[np.ndarray], idx: np.ndarray, point: dict
@@ -595,20 +476,6 @@ class ObservationTerms:
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)
 
-    def positions_to_rows(self, positions: slice | np.ndarray) -> np.ndarray:
-        """Return the data rows at ``positions`` of the current row permutation.
-
-        Without a permuted copy (``batches="random"``) the permutation is the
-        identity and index arrays are returned as they are (slices as index
-        arrays). With one, the permutation is materialised on first use
-        (:meth:`permutation`).
-        """
-        if self._copy is None:
-            if isinstance(positions, slice):
-                return slice_rows(positions, self.n_obs)
-            return positions
-        return self.permutation()[positions]
-
     def compiled_rows(self) -> CompiledRewards | None:
         """Return the rows function's Numba kernel on the permuted copies (random blocks).
 
@@ -628,18 +495,10 @@ class ObservationTerms:
             return None
         return CompiledRewards(jit_fn, self._copy.values)
 
-    def permuted_rows(self) -> tuple:
-        """Return the row-permuted copies of the per-observation inputs (read, not written)."""
-        return () if self._copy is None else tuple(self._copy.values)
-
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         cands, others = self._exact_arrays(candidates, point)
         return self._rows_fn(*cands, *self._data_rows(), *others)
-
-    def _data_rows(self) -> list[np.ndarray]:
-        """Every row of the per-observation inputs, in data order (C order: trusted inputs)."""
-        return [np.ascontiguousarray(d.get_value(borrow=True)) for d in self.data]
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Return :math:`\sum_{n=1}^N \log f_n(\theta_k)`, shape ``(K,)``.

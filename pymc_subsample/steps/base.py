@@ -383,6 +383,14 @@ class RacingStep(BlockedStep):
             self._shuffle()
         # otherwise the first draw takes up the new data, and shuffles them
 
+    @property
+    def backoff_state(self) -> dict:
+        """Per decision key, the back-off's ``(run, left, share)``: a copy, empty as a chain starts.
+
+        Read from :class:`~pymc_subsample.mcmc.backoff.Backoff` (its ``state``).
+        """
+        return {key: tuple(state) for key, state in self._backoff.state.items()}
+
     def data_changed(self) -> None:
         """Take up the current values of the data inputs now (:meth:`_take_up_data`).
 

@@ -12,27 +12,26 @@ stencil, :class:`~pymc_subsample.mcmc.surrogate.QuadraticSurrogate`; Bardenet,
 Doucet & Holmes 2017; Cornish et al. 2019), with the exact sums of :math:`h_n` moved to
 the offsets. The same surrogate drives the default proposal: a Hamiltonian
 trajectory on :math:`\log f_0 + \sum_n h_n`, which reads no data.
+
+This module holds the MH decision; the proposals and their tuning are in
+:mod:`~pymc_subsample.steps.metropolis_proposals`, the surrogate's build and
+fit in :mod:`~pymc_subsample.steps.metropolis_surrogate`, the switch to NUTS
+in :mod:`~pymc_subsample.steps.nuts_regime`.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from dataclasses import replace
 
 import numpy as np
 from pymc.step_methods.state import dataclass_state
 
-from ..mcmc.adaptation import HMCAdaptation, HMCAdaptationState, tune_scale
+from ..mcmc.adaptation import HMCAdaptationState
 from ..mcmc.audit import scores_differ, zero_difference_share
 from ..mcmc.backoff import Backoff
-from ..mcmc.hmc import HMCInfo, hmc_proposal
-from ..mcmc.laplace import FULL_STENCIL_MAX_DIM, FlatBlock, LaplaceFit
-from ..mcmc.proposals import langevin_proposal, random_walk_proposal
 from ..mcmc.regime import FitCheck, Regime
-from ..mcmc.surrogate import QuadraticSurrogate, TaylorSurrogate
-from ..model.blocks import check_expand_in, continuous_value_vars, model_deterministics
-from ..model.expansion import Expansion
+from ..model.blocks import check_expand_in, continuous_value_vars
 from ..options import (
     AuditOptions,
     ProposalOptions,
@@ -40,7 +39,7 @@ from ..options import (
     options_or_default,
     reject_moved_keywords,
 )
-from ..racing import IndexStream, mh_test
+from ..racing import mh_test
 from ..validation import check_bool, check_choice, check_float
 from .base import (
     AUDIT_AGREE,
@@ -50,6 +49,8 @@ from .base import (
     RacingStepState,
     check_step_context,
 )
+from .metropolis_proposals import MetropolisProposals
+from .metropolis_surrogate import MetropolisSurrogate
 from .nuts_regime import NutsRegime
 
 __all__ = ["PROPOSALS", "RacingMetropolis", "RacingMetropolisState"]
@@ -60,11 +61,6 @@ PROPOSALS = ("hmc", "normal", "langevin")
 #: and the fewest that do.
 _DELTA_WINDOW = 200
 _DELTA_MIN_DECISIONS = 20
-#: Newton steps at most that recentre the expansion at the other inputs' values (refits).
-_RECENTRE_STEPS = 10
-#: Draws after which refits of the expansion at more than _REFIT_SHARE of the draws warn.
-_REFIT_AFTER = 50
-_REFIT_SHARE = 0.25
 
 
 @dataclass_state
@@ -87,7 +83,7 @@ class RacingMetropolisState(RacingStepState):
     _backoff: Backoff
 
 
-class RacingMetropolis(NutsRegime, RacingStep):
+class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, RacingStep):
     r"""Metropolis–Hastings step for continuous variables with a racing accept test.
 
     Updates a block of continuous variables in PyMC's unconstrained value space.
@@ -242,50 +238,11 @@ class RacingMetropolis(NutsRegime, RacingStep):
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
         self.dim = sum(self._sizes)
-        self.proposal_options = proposal_options
-        self.covariance = None
-        if proposal_options.covariance is not None:
-            cov = proposal_options.covariance  # a finite square float array
-            if cov.shape != (self.dim, self.dim) or not np.allclose(cov, cov.T):
-                raise ValueError(
-                    f"covariance must be a finite symmetric ({self.dim}, {self.dim}) matrix, "
-                    f"got shape {cov.shape}; e.g. "
-                    f"proposal_options=ProposalOptions(covariance=np.eye({self.dim}))"
-                )
-            try:
-                np.linalg.cholesky(cov)
-            except np.linalg.LinAlgError as err:
-                raise ValueError("covariance must be positive definite") from err
-            self.covariance = 0.5 * (cov + cov.T)
-        n_obs = self.terms.n_obs
+        self.control_variates = control_variates
+        self._set_proposal(proposal, scaling, proposal_options)
         self._delta_share = 1.0  # of delta, for the races (race_delta): set after tuning
         self._plan_races(2)
-        self._gradient_batch = gradient_batch = proposal_options.gradient_batch
-        self.gradient_batch = min(int(gradient_batch or max(self.batch_size, 100)), n_obs)
-        target_accept = proposal_options.target_accept
-        self.target_accept = 0.36 if target_accept is None else target_accept
-        self.elemwise = elemwise
-        self.control_variates = control_variates
-        self._coordinates = []
-        #: the Taylor expansions of the terms in the block and in the expand_in Deterministics
-        self._expansion: Expansion | None = None
-        self._coordinate_expansion: Expansion | None = None
-        self._check_expand_in(expand_in, "leave control_variates=True")
-        if expand_in:
-            self._coordinates = model_deterministics(self.model, expand_in)
-            self._coordinate_expansion = Expansion(
-                self.terms, "block", self._coordinates, point=point
-            )
-        self.path_length = float(proposal_options.path_length)
-        self.user_scaling = scaling
-        self.preconditioned = proposal == "hmc" or (
-            proposal == "normal" and scaling is None and not elemwise
-        )
-        self.tune_interval = int(proposal_options.tune_interval)
         self.tune = True
-        needs_surrogate = (
-            self.preconditioned or self.control_variates or (self.elemwise and scaling is None)
-        )
         #: the proposal in use and why (the chosen one is ``proposal``): :meth:`_fall_back`
         self.regime = Regime(proposal, self.preconditioned)
         #: the surrogate's fit, measured in tuning (:class:`~pymc_subsample.mcmc.regime.FitCheck`)
@@ -294,68 +251,10 @@ class RacingMetropolis(NutsRegime, RacingStep):
         self.nuts = None
         self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
         self._nuts_failed = False  # NUTS could not be built: the step keeps racing
-        self._autodiff = needs_surrogate and self._compile_taylor()
-        if self._coordinates:
-            if not self._autodiff:
-                raise ValueError(
-                    "expand_in: the terms cannot be differentiated twice, so there is no "
-                    "Taylor expansion to make in the Deterministics; leave expand_in out"
-                )
-            # the races read this expansion: its gathered residuals compiled now, not in the
-            # first race (seconds for a large graph, inside the sampler's clock)
-            self._coordinate_expansion.compile(gather=True)
-        self.block = FlatBlock(self.vars, self._shapes)
-        #: the surrogate at the mode, the mass matrix, the sums per value of the other inputs
-        self.fit = LaplaceFit(
-            self.terms,
-            self.block,
-            self.model,
-            autodiff=self._autodiff,
-            covariance=self.covariance,
-            control_variates=self.control_variates,
-            expansion=self._expansion,
-            coordinate_expansion=self._coordinate_expansion,
-        )
+        self._build_fit(expand_in, point)
         self.reset_tuning()
 
-    def _compile_taylor(self) -> bool:
-        """Compile the exact Taylor expansion of the graph; False where it cannot be derived.
-
-        Automatic differentiation gives the value, gradient and Hessian of the
-        sum in one pass and the residuals on a batch by forward mode (about
-        three term evaluations each, whatever :math:`d`). A graph that PyTensor
-        cannot differentiate twice falls back to the finite-difference stencil
-        (:math:`d^2 + 3d + 2` evaluations of every term).
-        """
-        try:
-            self._expansion = Expansion(self.terms, "block", shapes=self._shapes)
-            # with expand_in the races read the other expansion: its residuals compiled below
-            self._expansion.compile(gather=not self._coordinates)
-        except (NotImplementedError, TypeError, ValueError, AttributeError) as err:
-            if self.dim > FULL_STENCIL_MAX_DIM:
-                warnings.warn(
-                    f"RacingMetropolis: the log-likelihood cannot be differentiated twice "
-                    f"({type(err).__name__}: {err}); its expansion falls back to a stencil of "
-                    f"{2 * self.dim + 1} points per observation, second order on the diagonal "
-                    "only, which makes a poorer control variate for this many parameters",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return False
-        return True
-
     # -- per-chain state -------------------------------------------------------------
-
-    def _initial_scaling(self) -> float:
-        """Return the scale a chain's tuning starts from, for the proposal in use."""
-        if self.user_scaling is not None:
-            return float(self.user_scaling)
-        regime = self.regime
-        if regime.proposal == "hmc":
-            return 0.5
-        if regime.proposal == "normal" and regime.preconditioned:
-            return 2.38 / np.sqrt(self.dim)
-        return 1.0
 
     def reset_tuning(self):
         """Restore the initial scale (PyMC calls this between runs).
@@ -366,10 +265,7 @@ class RacingMetropolis(NutsRegime, RacingStep):
         :attr:`regime`: a proposal left in one chain is left in the next.
         """
         self._started = False
-        scale = self._initial_scaling()
-        self.scaling = np.full(self.dim, scale) if self.elemwise else scale
-        #: the HMC step size and path length (kept, unused, by the other proposals)
-        self.hmc_adaptation = HMCAdaptation(scale, self.path_length)
+        self._reset_proposal()
         #: the last tuning decisions' acceptances (:attr:`race_delta`)
         self._tuning_accepts: deque = deque(maxlen=_DELTA_WINDOW)
         self.delta_share = 1.0
@@ -377,7 +273,6 @@ class RacingMetropolis(NutsRegime, RacingStep):
         if self.nuts is not None:
             self.nuts.reset_tuning()
             self.nuts.tune = self.tune
-        self._reset_interval()
 
     @property
     def race_delta(self) -> float:
@@ -393,6 +288,15 @@ class RacingMetropolis(NutsRegime, RacingStep):
         return self.delta * self._delta_share
 
     @property
+    def tuning_accepts(self) -> tuple[float, ...]:
+        """The acceptances of the most recent tuning draws, oldest first (for :attr:`race_delta`).
+
+        One per draw (the mean of its decisions with ``elemwise``); emptied
+        when a chain starts its tuning.
+        """
+        return tuple(self._tuning_accepts)
+
+    @property
     def delta_share(self) -> float:
         """:attr:`race_delta` over ``delta``: set when tuning ends, 1 before."""
         return self._delta_share
@@ -403,17 +307,12 @@ class RacingMetropolis(NutsRegime, RacingStep):
         if getattr(self, "race_config", None) is not None:
             self.race_config = replace(self.race_config, delta=self.race_delta)
 
-    def _reset_interval(self) -> None:
-        self.steps_until_tune = self.tune_interval
-        self.accepted_sum = np.zeros(self.dim if self.elemwise else 1, dtype=int)
-
     def _data_taken_up(self, point, resized: bool) -> None:
         """Drop the surrogate and mass matrix (refitted at the next step): new data.
 
         The Langevin gradient's batch is set again for the new :math:`N`.
         """
-        n_obs = self.terms.n_obs
-        self.gradient_batch = min(int(self._gradient_batch or max(self.batch_size, 100)), n_obs)
+        self._set_gradient_batch()
         self.fit.reset()
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
@@ -438,21 +337,9 @@ class RacingMetropolis(NutsRegime, RacingStep):
             rate = max(float(np.mean(self._tuning_accepts)), 0.01)
             self.delta_share = min(1.0, rate / (1.0 - rate))
         self.fit.end_tuning()
-        if self.regime.proposal == "hmc":
-            adaptation = self.hmc_adaptation
-            self.scaling = adaptation.current(False)
-            rate = adaptation.accept_rate
-            if adaptation.accept_n > 50 and rate < 0.3:
-                warnings.warn(
-                    f"RacingMetropolis: the surrogate proposal accepted "
-                    f"{rate:.0%} of its proposals during tuning; the quadratic "
-                    "surrogate fits this posterior poorly (multimodal, heavy-tailed or strongly "
-                    "non-Gaussian). Use proposal='normal', or NUTS for this block",
-                    UserWarning,
-                    stacklevel=2,
-                )
+        self._end_proposal_tuning()
 
-    # -- flat <-> per-variable values, the fit -----------------------------------------
+    # -- flat <-> per-variable values ---------------------------------------------------
 
     def _flatten(self, parts) -> np.ndarray:
         return self.block.flatten(parts)
@@ -462,117 +349,6 @@ class RacingMetropolis(NutsRegime, RacingStep):
 
     def _candidates(self, rows: np.ndarray) -> list[np.ndarray]:
         return self.block.candidates(rows)
-
-    @property
-    def surrogate(self) -> QuadraticSurrogate | TaylorSurrogate | None:
-        """The expansion of the terms at the mode; None before the first draw.
-
-        See :class:`~pymc_subsample.mcmc.laplace.LaplaceFit`.
-        """
-        return self.fit.surrogate
-
-    @property
-    def coordinate_surrogate(self) -> TaylorSurrogate | None:
-        """The expansion in ``expand_in`` (None without it, or where it was dropped)."""
-        return self.fit.coordinate_surrogate
-
-    def _ensure_surrogate(self, x, point) -> tuple[np.ndarray, int]:
-        """Fit the surrogate if needed; at a chain's first tuning step, start in the bulk.
-
-        Returns the position to continue from and the terms evaluated.
-        """
-        fit = self.fit
-        needed = (
-            self.regime.preconditioned
-            or self.control_variates
-            or (self.elemwise and self.user_scaling is None)
-        )
-        spent = 0
-        if fit.surrogate is None and not fit.failed and needed:
-            try:
-                _, spent = fit.fit(x.copy(), point)
-            except (FloatingPointError, np.linalg.LinAlgError) as err:
-                if self.regime.proposal == "hmc" or self.regime.preconditioned:
-                    scale = 1.0 if self.user_scaling is None else float(self.user_scaling)
-                    self._fall_back(Regime("normal", False, "no_surrogate"), scale)
-                warnings.warn(
-                    f"RacingMetropolis: control variates turned off ({err}); racing on the raw "
-                    "terms with a random-walk proposal",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                return x, 0
-            if self.elemwise and self.user_scaling is None:  # 1-D optimal scale per coordinate
-                self.scaling = 2.38 * np.sqrt(np.diag(fit.inv_mass))
-        if fit.surrogate is not None and self.tune and not self._started:
-            # initialization, as NUTS's (tuning draws are discarded): a chain that starts
-            # outside the bulk, where the Laplace approximation puts almost no mass, jumps to
-            # a draw from it; one that starts inside (a posterior draw, or the mode) stays
-            gap = fit.chol_mass.T @ (x - fit.surrogate.theta_ref)
-            if 0.5 * gap @ gap > self.dim:
-                z = self.rng.standard_normal(self.dim)
-                x = fit.surrogate.theta_ref + fit.chol_cov @ z
-        self._started = True
-        return x, spent
-
-    # -- proposals ---------------------------------------------------------------------
-
-    def _propose(self, x: np.ndarray, point: dict, log: dict) -> tuple:
-        """Propose from flat ``x`` with the proposal in use (:attr:`regime`).
-
-        Returns ``(x_new, c, info)``: :math:`c` the proposal's part of the MH
-        log ratio, ``info`` the HMC trajectory's record (None for the others).
-        """
-        regime = self.regime
-        if regime.proposal == "hmc":
-            return self._hmc(x, point, log)
-        if regime.proposal == "normal" and regime.preconditioned:
-            chol_cov = self.fit.proposal_expansion(point, log, self.tune)[2][2]
-            return x + self.scaling * (chol_cov @ self.rng.standard_normal(len(x))), 0.0, None
-        if regime.proposal == "normal":
-            x_new, lq_fwd, lq_rev = random_walk_proposal(x, self.scaling, self.rng)
-        else:
-            gradient = self._gradient_fn(point)
-            x_new, lq_fwd, lq_rev = langevin_proposal(x, self.scaling, gradient, self.rng)
-        return x_new, lq_rev - lq_fwd, None
-
-    def _hmc(self, x: np.ndarray, point: dict, log: dict) -> tuple[np.ndarray, float, HMCInfo]:
-        """Leapfrog on the surrogate (:func:`~pymc_subsample.mcmc.hmc.hmc_proposal`).
-
-        Returns the proposal, :math:`K(p) - K(p')` and the trajectory's record.
-        """
-        now = self.fit.proposal_expansion(point, log, self.tune)
-        sur = self.fit.proposal_surrogate(point, now=now)
-        inv_mass, chol_mass, _ = now[2]
-
-        def gradient(theta):
-            return sur.gradient(theta) + self.fit.f0_grad(theta, point)
-
-        def log_density(rows):
-            return sur.total(rows) + self.terms.log_f0(self._candidates(rows), point)
-
-        return hmc_proposal(
-            x,
-            gradient=gradient,
-            log_density=log_density,
-            inv_mass=inv_mass,
-            chol_mass=chol_mass,
-            step_size=float(self.scaling),
-            path_length=self.hmc_adaptation.path,
-            rng=self.rng,
-        )
-
-    def _gradient_fn(self, point):
-        n_obs = self.terms.n_obs
-        batch = IndexStream(n_obs, self.rng).take(self.gradient_batch)
-        batch.sort()
-        scale = n_obs / len(batch)
-
-        def gradient(flat):
-            g_lik, g_f0 = self.terms.gradient(self._split(flat), batch, point)
-            return scale * self._flatten(g_lik) + self._flatten(g_f0)
-
-        return gradient
 
     # -- the step -------------------------------------------------------------------
 
@@ -731,53 +507,3 @@ class RacingMetropolis(NutsRegime, RacingStep):
             share = zero_difference_share(self._audit_batch(cands, point))
         self._record_audit(agree, structural=structural, zero_share=share)
         return agree
-
-    def _fall_back(self, regime: Regime, scaling: float) -> None:
-        """Run ``regime``'s proposal from now on, starting at ``scaling`` (the caller warns).
-
-        ``proposal`` keeps the user's choice; :attr:`regime` records the change
-        and its reason, reported in the ``regime`` stat. Kept across chains.
-        """
-        self.regime = regime
-        self.scaling = scaling
-
-    def _tune_step(
-        self, accepted: np.ndarray, accept: np.ndarray, integrator_accept: float = 1.0
-    ) -> None:
-        """Tune the proposal in use after a tuning draw (:mod:`~pymc_subsample.mcmc.adaptation`).
-
-        HMC: after every draw, from the exact test's decision (not the race's
-        estimate of the acceptance probability, which reads part of the data)
-        and the trajectory's ``integrator_accept``; when the exact test
-        rejects nearly every trajectory, the step warns and falls back to the
-        random walk preconditioned by the Laplace covariance at the mode, tuned
-        as ``proposal="normal"``. Tuning draws are discarded, so the kernel
-        change leaves the kept draws exact. Random walks: every ``tune_interval``
-        draws.
-        """
-        if self.regime.proposal == "hmc":
-            adaptation = self.hmc_adaptation
-            self.scaling = adaptation.update(bool(accepted[0]), integrator_accept)
-            if adaptation.rejected:
-                warnings.warn(
-                    f"RacingMetropolis: the surrogate's HMC proposal was accepted "
-                    f"{adaptation.accept_rate:.0%} of {adaptation.accept_n} times in tuning (the "
-                    "quadratic surrogate fits this posterior poorly: multimodal, heavy-tailed, "
-                    "or coefficients at a boundary); the step falls back to a random walk "
-                    "preconditioned by the Laplace covariance. Pass proposal='normal' to start "
-                    "with it, or use NUTS for this block",
-                    UserWarning,
-                    stacklevel=3,
-                )
-                self._fall_back(Regime("normal", True, "hmc_rejected"), 2.38 / np.sqrt(self.dim))
-                self._reset_interval()
-            return
-        self.accepted_sum = self.accepted_sum + accepted.astype(int)
-        self.steps_until_tune -= 1
-        if self.steps_until_tune > 0:
-            return
-        rate = self.accepted_sum / self.tune_interval
-        target = None if self.regime.proposal == "normal" else self.target_accept
-        scaling = tune_scale(self.scaling, rate, target)
-        self.scaling = scaling if self.elemwise else float(np.squeeze(scaling))
-        self._reset_interval()
