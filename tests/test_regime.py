@@ -256,3 +256,32 @@ def test_a_block_nuts_cannot_take_keeps_racing(monkeypatch):
     assert len(failed) == 1 and "no gradient" in str(failed[0].message)
     assert step.nuts is None and step.regime.proposal != "nuts"
     assert st["regime"] != REGIME_REASONS.index("poor_fit")
+
+
+def test_nuts_starts_as_pm_sample_would():
+    """At the switch NUTS restarts where the chain started, with an identity mass matrix.
+
+    Not where the racing chain got to, nor with the Laplace variances: the switch
+    means the quadratic fit is poor (on ARCH(30) both stalled NUTS: every draw
+    divergent, step size 2e-4).
+    """
+    model, _ = curved_banana()
+    with model:
+        step = RacingMetropolis([model["a"], model["b"]], rng=2)
+    start = model.initial_point()
+    point, seen = start, []
+    with pytest.warns(UserWarning, match="PyMC's NUTS"):
+        for _ in range(3 * FIT_WINDOW):
+            point, _ = step.step(point)
+            if step.nuts is not None:
+                break
+    assert step.nuts is not None
+    assert any(abs(point[k] - start[k]) > 1e-3 for k in start)  # the racing chain moved
+    np.testing.assert_allclose(step.nuts.potential._var, np.ones(2))
+    inner = step.nuts.step
+    step.nuts.step = lambda p: seen.append(dict(p)) or inner(p)
+    for _ in range(2):
+        point, _ = step.step(point)
+    for k in start:
+        np.testing.assert_array_equal(seen[0][k], start[k])  # restarted at the chain's start
+    assert any(abs(seen[1][k] - start[k]) > 0 for k in start)  # then it moves on

@@ -249,6 +249,8 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         self.fit_check = FitCheck()
         #: PyMC's NUTS on the block, built when the step leaves the surrogate ("poor_fit")
         self.nuts = None
+        self._chain_start: dict | None = None  # the block's values at the chain's first draw
+        self._nuts_start: dict | None = None  # where NUTS takes the chain at its first draw
         self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
         self._nuts_failed = False  # NUTS could not be built: the step keeps racing
         self._build_fit(expand_in, point)
@@ -360,6 +362,8 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         if self.regime.proposal == "nuts":
             return self._nuts_draw(point)
         exact_mode = self.audit_exact  # as at the draw's start
+        if not self._started:  # where pm.sample started the chain (NUTS restarts there)
+            self._chain_start = {v.name: np.array(point[v.name]) for v in self.vars}
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])
         x, spent = self._ensure_surrogate(x0, point)
         log = {

@@ -77,11 +77,14 @@ class NutsRegime:
     def _switch_to_nuts(self, point: dict) -> None:
         """Leave the surrogate for PyMC's NUTS on the exact log density; warn once.
 
-        Built here, at the switch: variables in the model's order (PyMC 6.4
-        mislabels others), its diagonal mass matrix started at the Laplace
-        variances and adapted in the tuning left, as ``pm.sample``'s NUTS.
-        Tuning draws are discarded, so the kernel change leaves the kept
-        draws exact.
+        Built here, at the switch, as ``pm.sample`` builds its NUTS: variables in
+        the model's order (PyMC 6.4 mislabels others), a diagonal mass matrix
+        started at the identity and adapted in the tuning left, and the chain
+        restarted where ``pm.sample`` started it. Not at the Laplace fit: the
+        switch means that fit is poor, and its variances and the region the
+        racing chain reached can both stall NUTS (step sizes near zero, every
+        draw divergent). Tuning draws are discarded, so the kernel change and
+        the jump leave the kept draws exact.
         """
         import pymc as pm
         from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
@@ -94,10 +97,11 @@ class NutsRegime:
         perm = np.concatenate(
             [np.arange(starts[ours[v.name]], starts[ours[v.name] + 1]) for v in nuts_vars]
         )
-        x = self._flatten([np.asarray(point[v.name]) for v in self.vars])
+        start = self._chain_start or point
+        x = self._flatten([np.asarray(start[v.name]) for v in self.vars])
         rng = self.rng.spawn(1)[0]
         potential = QuadPotentialDiagAdapt(
-            self.dim, x[perm], np.diag(self.fit.inv_mass)[perm], 10, rng=rng.spawn(1)[0]
+            self.dim, x[perm], np.ones(self.dim), 10, rng=rng.spawn(1)[0]
         )
         try:
             self.nuts = pm.NUTS(
@@ -119,6 +123,7 @@ class NutsRegime:
             )
             return
         self.nuts.tune = self.tune
+        self._nuts_start = self._chain_start
         self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
         warnings.warn(
             f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
@@ -137,6 +142,9 @@ class NutsRegime:
         if self.tune:
             self._count_tuning_draw()
         self.nuts.tune = bool(self.tune)  # as this step's (set directly in a loop of steps)
+        if self._nuts_start is not None:  # a tuning draw: discarded, so the jump is free
+            point = {**point, **self._nuts_start}
+            self._nuts_start = None
         new, (nuts_stats,) = self.nuts.step(point)
         tree = float(nuts_stats["tree_size"])
         stats = {
