@@ -41,7 +41,8 @@ Samplers, in the same run, chains one after the other:
 Reported: min bulk ESS (over the coefficients of the logistic and Student-t
 models, over every parameter of the others), compile/build seconds, sampling
 seconds, ESS/s, ESS/s counting the build, agreement of the posterior means with
-the reference (numpyro NUTS, else nutpie, else PyMC NUTS) in units of the
+the reference (numpyro NUTS, else nutpie, else PyMC NUTS: the first whose chains
+mixed, min ESS at least a tenth of its draws) in units of the
 combined Monte Carlo standard error, and for RacingMetropolis the observations
 read per decision (median and mean: the batch a decision needs, which theory
 says does not grow with N), its acceptance and the audited error per decision.
@@ -251,18 +252,23 @@ def audited(model, draws, tune=200, seed=3):
     return int(ss["n_wrong"].sum()), int(ss["n_audited"].sum())
 
 
-def pymc_nuts(model, ess_of, draws=500, tune=500, chains=2, seed=2):
+#: The hand-set PyMC NUTS row of ``--hand-set-nuts``: no jitter of the start.
+HAND_SET_NUTS = "PyMC NUTS, init='adapt_diag' (hand-set)"
+
+
+def pymc_nuts(model, ess_of, draws=500, tune=500, chains=2, seed=2, init="jitter+adapt_diag"):
     with model:
         t0 = time.perf_counter()
         idata = pm.sample(
-            draws=draws, tune=tune, chains=chains, cores=1, random_seed=seed,
+            draws=draws, tune=tune, chains=chains, cores=1, random_seed=seed, init=init,
             progressbar=False, compute_convergence_checks=False,
         )  # fmt: skip
         wall = time.perf_counter() - t0
     seconds = float(idata["sample_stats"].attrs.get("sampling_time", wall))
     min_ess, means, sds, mcses = summarise(idata, ess_of)
     return {
-        "sampler": "PyMC NUTS", "min_ess": min_ess, "seconds": seconds,
+        "sampler": "PyMC NUTS" if init == "jitter+adapt_diag" else HAND_SET_NUTS,
+        "min_ess": min_ess, "seconds": seconds,
         "compile_seconds": wall - seconds, "means": means, "sds": sds, "mcses": mcses,
         "chains": chains, "draws": draws,
     }  # fmt: skip
@@ -285,6 +291,31 @@ def agreement(row, ref, ess_of=("a", "b")) -> float:
         se = np.hypot(row["mcses"][c], ref["mcses"][c])
         worst = max(worst, abs(row["means"][c] - ref["means"][c]) / se)
     return worst
+
+
+#: NUTS peers that can serve as the reference for the means, in order of preference.
+REFERENCE_ORDER = ("numpyro NUTS", "nutpie NUTS", "PyMC NUTS", HAND_SET_NUTS)
+#: A peer is a reference only if its min bulk ESS is at least this share of its kept draws
+#: (a chain that did not mix says nothing about the means).
+REFERENCE_MIN_ESS_SHARE = 0.1
+
+
+def compare_with_reference(result: dict, ess_of=("a", "b")) -> None:
+    """Choose ``result``'s reference and fill every row's ``agree`` (in place).
+
+    The reference is the first of :data:`REFERENCE_ORDER` that ran and mixed; with
+    none, ``reference`` is None and no row has an agreement.
+    """
+    rows = result["rows"]
+    mixed = {
+        r["sampler"]: r
+        for r in rows
+        if r["min_ess"] >= REFERENCE_MIN_ESS_SHARE * r.get("chains", 1) * r.get("draws", 0)
+    }
+    ref = next((mixed[name] for name in REFERENCE_ORDER if name in mixed), None)
+    for r in rows:
+        r["agree"] = agreement(r, ref, ess_of) if ref is not None and r is not ref else None
+    result["reference"] = None if ref is None else ref["sampler"]
 
 
 def _too_big(peer: str, work: float, scale: float) -> str | None:
@@ -369,21 +400,36 @@ def run(
     )
     reasons["pymc_nuts"] = None
     peer("pymc_nuts", "PyMC NUTS", lambda: pymc_nuts(model, spec.ess_of, **common))  # fmt: skip
-    ref = None
-    for name in ("numpyro NUTS", "nutpie NUTS", "PyMC NUTS"):
-        ref = ref or next((r for r in rows if r["sampler"] == name), None)
     for r in rows:
         r["ess_s"] = r["min_ess"] / r["seconds"]
         r["ess_s_build"] = r["min_ess"] / (r["seconds"] + r["compile_seconds"])
-        r["agree"] = agreement(r, ref, spec.ess_of) if ref is not None and r is not ref else None
     result = {
         "model": model_kind, "title": spec.title, "N": n_obs, "rows": rows,
         "audit_wrong": wrong, "audit_decisions": n_audit, "skipped": skipped,
-        "reference": None if ref is None else ref["sampler"],
     }  # fmt: skip
+    compare_with_reference(result, spec.ess_of)
     tag = f"{model_kind}_{n_obs:.0e}".replace("+", "")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"racing_metropolis_{tag}.json").write_text(json.dumps(result, indent=1))
+    print(table([result]))
+
+
+def add_hand_set_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: Path) -> None:
+    """Add the :data:`HAND_SET_NUTS` row to the stored run of (``model_kind``, ``n_obs``).
+
+    For rows where every peer, started as ``pm.sample`` starts it (a jittered
+    initial point), failed to mix: a labelled reference for the means.
+    """
+    spec = ROWS[model_kind]
+    n_obs = spec.fixed_n or n_obs
+    path = out / f"racing_metropolis_{model_kind}_{n_obs:.0e}.json".replace("+", "")
+    result = json.loads(path.read_text())
+    row = pymc_nuts(spec.model(spec.data(n_obs)), spec.ess_of, draws, tune, init="adapt_diag")
+    row["ess_s"] = row["min_ess"] / row["seconds"]
+    row["ess_s_build"] = row["min_ess"] / (row["seconds"] + row["compile_seconds"])
+    result["rows"] = [r for r in result["rows"] if r["sampler"] != HAND_SET_NUTS] + [row]
+    compare_with_reference(result, spec.ess_of)
+    path.write_text(json.dumps(result, indent=1))
     print(table([result]))
 
 
@@ -435,6 +481,8 @@ def figure() -> None:
 
     results = [json.loads(p.read_text()) for p in sorted(TABLES.glob("racing_metropolis_*.json"))]
     results.sort(key=lambda r: (r["model"], r["N"]))
+    for res in results:  # the reference rule applied to every stored run alike
+        compare_with_reference(res, ROWS[res["model"]].ess_of)
     (TABLES / "racing_metropolis.md").write_text(
         "# RacingMetropolis at its defaults against the peers\n\n"
         "Regenerate with `python benchmarks/racing_metropolis.py --model NAME --n N` "
@@ -446,11 +494,14 @@ def figure() -> None:
     ours_rows = [next(x for x in r["rows"] if "obs_median" in x) for r in logistic]
     axes[0].loglog(ns, [o["obs_median"] for o in ours_rows], "o-", label="median")
     axes[0].loglog(ns, [o["obs_mean"] for o in ours_rows], "s--", label="mean (with exact passes)")
+    axes[0].loglog(ns, ns, ":", color="gray", label="all N rows (an exact MH decision)")
+    axes[0].set_ylim(10, 2 * max(ns))  # whole decades: a flat batch looks flat
     axes[0].set_xlabel("N (observations)")
     axes[0].set_ylabel("observations read per MH decision")
     axes[0].set_title("Batch a decision needs (second-order control variates)")
     axes[0].legend()
-    for name in ("RacingMetropolis (defaults)", "numpyro NUTS", "numpyro HMCECS", "nutpie"):
+    samplers = ("RacingMetropolis (defaults)", "numpyro NUTS", "numpyro HMCECS", "nutpie NUTS")
+    for name in (*samplers, "PyMC NUTS"):
         pts = [(r["N"], x["ess_s"]) for r in logistic for x in r["rows"] if x["sampler"] == name]
         if pts:
             axes[1].loglog(*zip(*pts, strict=True), "o-", label=name)
@@ -477,9 +528,16 @@ def main():
         "--out", type=Path, default=TABLES, help="directory of the JSON (a smoke test: /tmp)"
     )
     parser.add_argument("--figure", action="store_true", help="figure and combined table")
+    parser.add_argument(
+        "--hand-set-nuts",
+        action="store_true",
+        help="add a labelled PyMC NUTS row started without jitter to a stored run",
+    )
     args = parser.parse_args()
     if args.figure:
         figure()
+    elif args.hand_set_nuts:
+        add_hand_set_nuts(args.model, args.n or 100_000, args.draws, args.tune, args.out)
     else:
         run(args.model, args.n or 100_000, args.draws, args.tune, args.peer_work, args.out)
 
