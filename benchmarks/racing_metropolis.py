@@ -310,7 +310,7 @@ def compare_with_reference(result: dict, ess_of=("a", "b")) -> None:
     mixed = {
         r["sampler"]: r
         for r in rows
-        if r["min_ess"] >= REFERENCE_MIN_ESS_SHARE * r.get("chains", 1) * r.get("draws", 0)
+        if r["min_ess"] >= REFERENCE_MIN_ESS_SHARE * r["chains"] * r["draws"]
     }
     ref = next((mixed[name] for name in REFERENCE_ORDER if name in mixed), None)
     for r in rows:

@@ -148,17 +148,20 @@ class FitCheck:
         """Share of the recorded decisions that accepted (NaN before any)."""
         return float(np.mean(self.accepts)) if self.accepts else float("nan")
 
+    def _misfit_quantile(self, q: float) -> float:
+        """Quantile ``q`` of the finite misfits (NaN when none was measured)."""
+        finite = [m for m in self.misfits if np.isfinite(m)]
+        return float(np.quantile(finite, q)) if finite else float("nan")
+
     @property
     def misfit(self) -> float:
         """Median of the finite misfits (NaN when none was measured)."""
-        finite = [m for m in self.misfits if np.isfinite(m)]
-        return float(np.median(finite)) if finite else float("nan")
+        return self._misfit_quantile(0.5)
 
     @property
     def misfit_tail(self) -> float:
         """90% quantile of the finite misfits (NaN when none was measured)."""
-        finite = [m for m in self.misfits if np.isfinite(m)]
-        return float(np.quantile(finite, 0.9)) if finite else float("nan")
+        return self._misfit_quantile(0.9)
 
     @property
     def rows_share(self) -> float:
