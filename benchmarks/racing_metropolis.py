@@ -34,8 +34,9 @@ Samplers, in the same run, chains one after the other:
   Compilation is reported apart. A size rule keeps every peer within about ten
   minutes: a full-data peer runs only while N times the number of covariates is
   at most its :data:`PEER_WORK` (skipped with a message otherwise;
-  ``--peer-work`` scales the limits), and at N = 1e7 numpyro's NUTS runs one
-  chain. JAX's dispatch is asynchronous: its timings end on ``block_until_ready``
+  ``--peer-work`` scales the limits), HMCECS runs only while its measured
+  memory per entry (:data:`PEER_BYTES`) fits in half the machine, and at N = 1e7
+  numpyro's NUTS runs one chain. JAX's dispatch is asynchronous: its timings end on ``block_until_ready``
   (``peers.py``).
 
 Reported: min bulk ESS (over the coefficients of the logistic and Student-t
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -83,6 +85,12 @@ COEFS = list(models.COEFS)
 #: Largest N x (number of covariates) at which each full-data peer runs (about ten
 #: minutes for 2 x 1000 draws; numpyro's NUTS took about 200 s on logistic50 at 1e6).
 PEER_WORK = {"numpyro_nuts": 6e7, "nutpie": 1e6, "pymc_nuts": 1e6}
+#: Peak memory of a peer per unit of N x covariates, in bytes, above its data: numpyro
+#: HMCECS (float32) peaked 2.7 GB above its data at 1e6 x 50 and 6.9 GB at 3e6 x 50 (its
+#: full-data MAP and reference sums hold copies of the design), about 42 bytes per entry.
+PEER_BYTES = {"numpyro_hmcecs": 42.0}
+#: Share of the machine's memory a peer may take (the process already holds the data).
+PEER_MEMORY_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -320,6 +328,17 @@ def compare_with_reference(result: dict, ess_of=("a", "b")) -> None:
 
 def _too_big(peer: str, work: float, scale: float) -> str | None:
     """Say why ``peer`` is skipped at this size (N x covariates = ``work``), or None."""
+    if peer in PEER_BYTES:
+        need = PEER_BYTES[peer] * work
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if need > PEER_MEMORY_SHARE * have:
+            return (
+                f"N x covariates = {work:.1e} needs about {need / 1e9:.0f} GB above the data "
+                f"(measured at 1e6 and 3e6 x 50), more than {PEER_MEMORY_SHARE:.0%} of this "
+                f"machine's {have / 1e9:.0f} GB"
+            )
+    if peer not in PEER_WORK:
+        return None
     limit = PEER_WORK[peer] * scale
     if work <= limit:
         return None
@@ -357,7 +376,7 @@ def run(
     skipped = []
 
     def peer(key, label, fn):
-        reason = reasons.get(key) or (_too_big(key, work, peer_work) if key in PEER_WORK else None)
+        reason = reasons.get(key) or _too_big(key, work, peer_work)
         if reason:
             skipped.append(f"{label}: {reason}")
             print(f"  skipped {label}: {reason}", flush=True)

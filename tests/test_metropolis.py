@@ -10,6 +10,7 @@ from pymc_subsample import RacingMetropolis
 from pymc_subsample.mcmc.regime import REGIME_REASONS, Regime
 from pymc_subsample.options import AuditOptions, ProposalOptions, RaceOptions
 from pymc_subsample.steps.metropolis import RacingMetropolisState
+from pymc_subsample.steps.nuts_regime import NutsRegime
 from support.models import logistic_data, logistic_model
 
 # race on the whole schedule (the default exact_fraction would go exact at once for
@@ -313,13 +314,21 @@ def test_discrete_variable_is_rejected():
             RacingMetropolis([q])
 
 
-def test_control_variates_fall_back_with_a_warning_at_a_support_boundary():
-    """Uniform(0, theta) terms are -inf just below max(y): the expansion cannot be built."""
+def test_control_variates_fall_back_with_a_warning_at_a_support_boundary(monkeypatch):
+    """Uniform(0, theta) terms are -inf just below max(y): the expansion cannot be built.
+
+    At N = 500 the step scores the Laplace fit when built, finds it poor by hundreds
+    of nats and starts in NUTS; without that score, the expansion's failure is met.
+    """
     y = np.random.default_rng(0).uniform(0, 2, 500)
     with pm.Model() as model:
         y_data = pm.Data("y_data", y)
         theta = pm.HalfNormal("theta", 5)
         pm.Uniform("y", 0, theta, observed=y_data)
+        with pytest.warns(UserWarning, match="at construction"):
+            probed = RacingMetropolis([theta], scaling=0.5, delta=0.01, race=RACE)
+        assert probed.regime.reason == "poor_fit" and probed.fit is None
+        monkeypatch.setattr(NutsRegime, "_probes_fit", property(lambda self: False))
         step = RacingMetropolis([theta], scaling=0.5, delta=0.01, race=RACE)
         point = model.initial_point()
         point["theta_log__"] = np.log(y.max() + 1e-9)

@@ -14,11 +14,14 @@ from pymc_subsample.mcmc.regime import (
     POOR_ACCEPT,
     POOR_MISFIT,
     POOR_MISFIT_TAIL,
+    PROBE_PAIRS,
     REGIME_REASONS,
     SMALL_N,
     FitCheck,
     Regime,
+    probe_laplace_fit,
 )
+from pymc_subsample.steps.nuts_regime import NutsRegime
 from support.models import logistic_data, logistic_model
 
 
@@ -107,11 +110,79 @@ def test_the_nuts_regime_has_its_own_code():
 # -- the switch in a step ------------------------------------------------------------------
 
 
-def test_switches_to_nuts_on_a_small_non_gaussian_model():
+def test_probe_scores_a_gaussian_as_exact_and_a_ridge_as_poor():
+    """The probe's misfit is zero where the log density is quadratic, nats on a ridge."""
+    prec = np.array([[2.0, 0.6], [0.6, 1.0]])
+    mean = np.array([1.0, -2.0])
+
+    def gauss(x):
+        return -0.5 * (x - mean) @ prec @ (x - mean), -prec @ (x - mean)
+
+    check = probe_laplace_fit(gauss, np.zeros(2), np.random.default_rng(0))
+    assert check.n == PROBE_PAIRS and check.accept_rate > 0.999
+    assert check.misfit < 1e-4 and check.misfit_tail < 1e-4 and not check.poor_fit
+
+    def ridge(x):  # y ~ N(a b, 1), 1,000 rows with mean 1; a, b ~ N(0, 1)
+        r = 1.0 - x[0] * x[1]
+        value = -500.0 * r**2 - 0.5 * x @ x
+        return value, np.array([1000.0 * r * x[1], 1000.0 * r * x[0]]) - x
+
+    check = probe_laplace_fit(ridge, np.array([1.0, 1.0]), np.random.default_rng(0))
+    assert check.poor_fit and check.misfit_tail > POOR_MISFIT_TAIL
+
+
+def test_probe_cannot_tell_without_a_mode():
+    def linear(x):  # no maximum: the search runs off
+        return float(x.sum()), np.ones_like(x)
+
+    def saddle(x):  # a stationary point that is not a maximum
+        return float(x[0] ** 2 - x[1] ** 2), np.array([2 * x[0], -2 * x[1]])
+
+    rng = np.random.default_rng(0)
+    assert probe_laplace_fit(linear, np.zeros(2), rng) is None
+    assert probe_laplace_fit(saddle, np.zeros(2), rng) is None
+
+
+def test_starts_in_nuts_when_the_probe_finds_a_poor_fit():
+    """At small N the Laplace fit is scored at construction: a poor one never compiles it."""
+    model = banana()
+    with model:
+        with pytest.warns(UserWarning, match="at construction") as caught:
+            step = RacingMetropolis([model["a"], model["b"]], rng=3)
+    message = str(caught[0].message)
+    assert "poor_fit" in message and "nats" in message and "N = 1000" in message
+    assert step.regime == Regime("nuts", False, "poor_fit") and isinstance(step.nuts, pm.NUTS)
+    assert step.fit is None and step.expansion is None and step.surrogate is None
+    point = model.initial_point()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        point, (st,) = step.step(point)
+    assert st["regime"] == REGIME_REASONS.index("poor_fit") and st["frac_evals"] == 1.0
+    step.stop_tuning()  # no fit to end
+    assert not step.nuts.tune
+
+
+def test_a_good_probe_keeps_racing():
+    model = logistic_model(*logistic_data(2_000))
+    with model:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            step = RacingMetropolis(list(model.free_RVs), rng=0)
+    assert step.terms.n_obs <= SMALL_N and step.nuts is None and step.fit is not None
+    assert step.regime.proposal == "hmc"
+
+
+@pytest.fixture
+def no_probe(monkeypatch):
+    """No probe at construction: the tuning decisions' check alone (the probe's second line)."""
+    monkeypatch.setattr(NutsRegime, "_probes_fit", property(lambda self: False))
+
+
+def test_switches_to_nuts_on_a_small_non_gaussian_model(no_probe):
     model = banana()
     with model:
         step = RacingMetropolis([model["a"], model["b"]], rng=3)
-    assert "diverging" in step.stats_dtypes_shapes
+    assert step.nuts is None and "diverging" in step.stats_dtypes_shapes
     point = model.initial_point()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -120,7 +191,7 @@ def test_switches_to_nuts_on_a_small_non_gaussian_model():
     switch = [w for w in caught if "NUTS" in str(w.message)]
     assert len(switch) == 1  # one warning, with the numbers measured
     message = str(switch[0].message)
-    assert "poor_fit" in message and "nats" in message and "N = 1000" in message
+    assert "poor_fit" in message and "tuning decisions" in message and "N = 1000" in message
     assert step.proposal == "hmc" and step.regime == Regime("nuts", False, "poor_fit")
     assert st["regime"] == REGIME_REASONS.index("poor_fit") and st["n_decisions"] == 1
     assert isinstance(step.nuts, pm.NUTS) and step.nuts.tune
@@ -215,7 +286,7 @@ def test_the_switched_chain_matches_the_exact_posterior():
         assert abs(float(row["sd"]) - sd) < 5 * float(row["mcse_sd"]), name
 
 
-def test_the_random_walk_after_an_hmc_fallback_is_measured_too():
+def test_the_random_walk_after_an_hmc_fallback_is_measured_too(no_probe):
     """After 'hmc_rejected' the preconditioned random walk's decisions feed the check."""
     model = banana()
     with model:
@@ -253,7 +324,7 @@ def test_a_block_nuts_cannot_take_keeps_racing(monkeypatch):
     assert st["regime"] != REGIME_REASONS.index("poor_fit")
 
 
-def test_nuts_starts_as_pm_sample_would():
+def test_nuts_starts_as_pm_sample_would(no_probe):
     """At the switch NUTS restarts where the chain started, with an identity mass matrix.
 
     Not where the racing chain got to, nor with the Laplace variances: the switch

@@ -26,12 +26,15 @@ variate's residuals must be small for a race to stop early).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import minimize
 
 __all__ = [
     "FIT_WINDOW",
+    "PROBE_PAIRS",
     "PAY_SHARE",
     "SMALL_N",
     "POOR_ACCEPT",
@@ -40,6 +43,7 @@ __all__ = [
     "REGIME_REASONS",
     "FitCheck",
     "Regime",
+    "probe_laplace_fit",
 ]
 
 #: Reasons, by the code the ``regime`` stat reports: the proposal as chosen; a
@@ -63,6 +67,8 @@ PAY_SHARE = 0.5
 #: Observations at or under which subsampling cannot pay whatever a decision reads: a
 #: full pass is cheap, and races that stop early against a poor fit stop on rejections.
 SMALL_N = 20_000
+#: Pairs of independent draws from the Laplace approximation that :func:`probe_laplace_fit` scores.
+PROBE_PAIRS = 128
 
 
 @dataclass(frozen=True)
@@ -126,8 +132,11 @@ class FitCheck:
         self.misfits: deque = deque(maxlen=self.window)
         self.rows: deque = deque(maxlen=self.window)
 
-    def record(self, accepted: bool, misfit: float, rows: float) -> None:
-        """Take one decision: the exact test's outcome, the misfit (nats), the rows' share."""
+    def record(self, accepted: bool | float, misfit: float, rows: float) -> None:
+        """Take one decision: the exact test's outcome or its probability, the misfit, the share.
+
+        The misfit is in nats; the share is of the :math:`N` rows, read by the decision.
+        """
         self.accepts.append(float(accepted))
         self.misfits.append(abs(float(misfit)))
         self.rows.append(float(rows))
@@ -191,3 +200,83 @@ class FitCheck:
             f"one by {self.misfit:.2g} nats (median; {self.misfit_tail:.2g} at the 90% "
             f"quantile), and a decision read {self.rows_share:.0%} of the rows on average"
         )
+
+
+def probe_laplace_fit(
+    logp_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    x0: np.ndarray,
+    rng: np.random.Generator,
+    pairs: int = PROBE_PAIRS,
+) -> FitCheck | None:
+    r"""Score the Laplace approximation of a log density on exact values at draws from it.
+
+    Finds the mode :math:`m` of :math:`\ell` from ``x0`` (L-BFGS; Nocedal &
+    Wright 2006, Ch. 7), its precision :math:`P = -\nabla^2 \ell(m)` by
+    central differences of the gradient, and for ``pairs`` pairs of independent
+    draws :math:`\theta = m + L^{-\top} z` (:math:`P = L L^\top`,
+    :math:`z \sim N(0, I)`) records in a :class:`FitCheck` the misfit
+    :math:`\Delta\ell - \Delta q` of the quadratic :math:`q(\theta) = -\tfrac12
+    |z|^2` and the acceptance :math:`\min(1, e^{\Delta\ell - \Delta q})` an
+    independence sampler from the approximation would have (the share of
+    rows read is 1: every value is exact). The same thresholds then judge it
+    as they judge a step's decisions.
+
+    Parameters
+    ----------
+    logp_grad : callable
+        Flat position to ``(log density, gradient)``.
+    x0 : ndarray, shape (d,)
+        Where the mode search starts.
+    rng : numpy.random.Generator
+        Draws of :math:`z`.
+    pairs : int
+        Pairs of draws scored.
+
+    Returns
+    -------
+    FitCheck or None
+        None when the probe cannot tell: no finite mode, or a precision that
+        is not positive definite (the step's own fit then decides).
+    """
+
+    def negative(x):
+        with np.errstate(all="ignore"):
+            value, grad = logp_grad(x)
+        if not np.isfinite(value) or not np.all(np.isfinite(grad)):
+            return np.inf, np.zeros_like(x)
+        return -float(value), -np.asarray(grad, dtype=float)
+
+    x0 = np.asarray(x0, dtype=float)
+    found = minimize(negative, x0, jac=True, method="L-BFGS-B", options={"maxiter": 500})
+    mode = np.asarray(found.x, dtype=float)
+    top, _ = negative(mode)
+    if not np.isfinite(top):
+        return None
+    dim = len(mode)
+    hess = np.empty((dim, dim))
+    for j in range(dim):
+        h = 1e-5 * max(1.0, abs(mode[j]))
+        step = np.zeros(dim)
+        step[j] = h
+        hess[:, j] = (negative(mode + step)[1] - negative(mode - step)[1]) / (2 * h)
+    precision = 0.5 * (hess + hess.T)  # of -logp: the precision itself
+    if not np.all(np.isfinite(precision)):
+        return None
+    try:
+        chol = np.linalg.cholesky(precision)
+    except np.linalg.LinAlgError:
+        return None
+    check = FitCheck(window=pairs)
+    z = rng.standard_normal((pairs, 2, dim))
+    for pair in z:
+        misfit = []
+        for zi in pair:
+            theta = mode + np.linalg.solve(chol.T, zi)
+            value, _ = negative(theta)
+            misfit.append(-(value - top) + 0.5 * zi @ zi)  # l(theta) - l(m) - q(theta)
+        change = misfit[1] - misfit[0]
+        if not np.isfinite(change):
+            check.record(False, np.inf, 1.0)
+        else:
+            check.record(float(np.exp(min(change, 0.0))), change, 1.0)
+    return check

@@ -30,6 +30,7 @@ from pymc.step_methods.state import dataclass_state
 from ..mcmc.adaptation import HMCAdaptationState
 from ..mcmc.audit import scores_differ, zero_difference_share
 from ..mcmc.backoff import Backoff
+from ..mcmc.laplace import FlatBlock, LaplaceFit
 from ..mcmc.regime import FitCheck, Regime
 from ..model.blocks import check_expand_in, continuous_value_vars
 from ..options import (
@@ -253,7 +254,12 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         self._nuts_start: dict | None = None  # where NUTS takes the chain at its first draw
         self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
         self._nuts_failed = False  # NUTS could not be built: the step keeps racing
-        self._build_fit(expand_in, point)
+        self.block = FlatBlock(self.vars, self._shapes)
+        #: the surrogate's fit (None when a poor fit at construction started the step in NUTS)
+        self.fit: LaplaceFit | None = None
+        self._coordinates, self._expansion, self._coordinate_expansion = [], None, None
+        if expand_in or not self._probes_fit or not self._probe_fit(point):
+            self._build_fit(expand_in, point)
         self.reset_tuning()
 
     # -- per-chain state -------------------------------------------------------------
@@ -315,7 +321,8 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         The Langevin gradient's batch is set again for the new :math:`N`.
         """
         self._set_gradient_batch()
-        self.fit.reset()
+        if self.fit is not None:
+            self.fit.reset()
 
     def setup_chain(self, rng, tune: int, draws: int) -> None:
         """Reset per-chain state (rng, counters, surrogate, scale) before a chain starts."""
@@ -338,7 +345,8 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         if len(self._tuning_accepts) >= _DELTA_MIN_DECISIONS:
             rate = max(float(np.mean(self._tuning_accepts)), 0.01)
             self.delta_share = min(1.0, rate / (1.0 - rate))
-        self.fit.end_tuning()
+        if self.fit is not None:
+            self.fit.end_tuning()
         self._end_proposal_tuning()
 
     # -- flat <-> per-variable values ---------------------------------------------------

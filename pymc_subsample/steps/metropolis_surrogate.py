@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from ..mcmc.laplace import FULL_STENCIL_MAX_DIM, FlatBlock, LaplaceFit
+from ..mcmc.laplace import FULL_STENCIL_MAX_DIM, LaplaceFit
 from ..mcmc.regime import Regime
 from ..mcmc.surrogate import QuadraticSurrogate, TaylorSurrogate
 from ..model.blocks import model_deterministics
@@ -39,10 +39,6 @@ class MetropolisSurrogate:
         ``expand_in`` names the Deterministics the control variates expand in
         (checked against ``control_variates``); ``point`` is the initial point.
         """
-        self._coordinates = []
-        #: the Taylor expansions of the terms in the block and in the expand_in Deterministics
-        self._expansion: Expansion | None = None
-        self._coordinate_expansion: Expansion | None = None
         self._check_expand_in(expand_in, "leave control_variates=True")
         if expand_in:
             self._coordinates = model_deterministics(self.model, expand_in)
@@ -64,7 +60,6 @@ class MetropolisSurrogate:
             # the races read this expansion: its gathered residuals compiled now, not in the
             # first race (seconds for a large graph, inside the sampler's clock)
             self._coordinate_expansion.compile(gather=True)
-        self.block = FlatBlock(self.vars, self._shapes)
         #: the surrogate at the mode, the mass matrix, the sums per value of the other inputs
         self.fit = LaplaceFit(
             self.terms,
@@ -124,12 +119,12 @@ class MetropolisSurrogate:
 
         See :class:`~pymc_subsample.mcmc.laplace.LaplaceFit`.
         """
-        return self.fit.surrogate
+        return None if self.fit is None else self.fit.surrogate
 
     @property
     def coordinate_surrogate(self) -> TaylorSurrogate | None:
         """The expansion in ``expand_in`` (None without it, or where it was dropped)."""
-        return self.fit.coordinate_surrogate
+        return None if self.fit is None else self.fit.coordinate_surrogate
 
     def _ensure_surrogate(self, x, point) -> tuple[np.ndarray, int]:
         """Fit the surrogate if needed; at a chain's first tuning step, start in the bulk.

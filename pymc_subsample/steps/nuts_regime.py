@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..mcmc.regime import Regime
+from ..mcmc.regime import SMALL_N, Regime, probe_laplace_fit
 from .base import AUDIT_NOT_RUN
 
 __all__ = ["NUTS_MIN_TUNE", "NutsRegime"]
@@ -74,6 +74,104 @@ class NutsRegime:
         sums = self.fit.proposal_surrogate(point, now=now).total(pair)
         return float(log_alpha - extra - log["f0_change"] - (sums[1] - sums[0]))
 
+    def _nuts_order(self) -> tuple[list, np.ndarray]:
+        """Return the block's variables in the model's order, and the permutation to it.
+
+        PyMC 6.4's NUTS mislabels variables in another order; the permutation
+        takes a flat position of the block to NUTS's.
+        """
+        order = {v.name: i for i, v in enumerate(self.model.value_vars)}
+        nuts_vars = sorted(self.vars, key=lambda v: order[v.name])
+        ours = {v.name: k for k, v in enumerate(self.vars)}
+        starts = np.cumsum([0, *self._sizes])
+        perm = np.concatenate(
+            [np.arange(starts[ours[v.name]], starts[ours[v.name] + 1]) for v in nuts_vars]
+        )
+        return nuts_vars, perm
+
+    def _build_nuts(self, point: dict, start: dict):
+        """Build PyMC's NUTS on the block as ``pm.sample`` builds it; the error where it cannot.
+
+        A diagonal mass matrix started at the identity, its running mean at
+        ``start``, adapted in the tuning left.
+        """
+        import pymc as pm
+        from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
+
+        nuts_vars, perm = self._nuts_order()
+        x = self._flatten([np.asarray(start[v.name]) for v in self.vars])
+        rng = self.rng.spawn(1)[0]
+        potential = QuadPotentialDiagAdapt(
+            self.dim, x[perm], np.ones(self.dim), 10, rng=rng.spawn(1)[0]
+        )
+        try:
+            return pm.NUTS(
+                nuts_vars,
+                model=self.model,
+                potential=potential,
+                rng=rng,
+                initial_point=point,
+                compile_kwargs=self._compile_kwargs or None,
+            )
+        except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
+            return err
+
+    def _enter_nuts(self, nuts, why: str) -> None:
+        """Draw the block with ``nuts`` for the rest of the step's run; warn once with ``why``."""
+        self.nuts = nuts
+        self.nuts.tune = self.tune
+        self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
+        names = ", ".join(v.name for v in self._nuts_order()[0])
+        warnings.warn(
+            f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
+            f"subsampling cannot pay here (N = {self.terms.n_obs}; {why}); the step now "
+            f"draws {names} with PyMC's NUTS on the exact full-data log density, for the "
+            f"rest of its run (regime 'nuts', reason 'poor_fit': sampler stat regime = "
+            f"{self.regime.code}). Pass proposal='normal' to keep the racing random walk",
+            UserWarning,
+            stacklevel=4,
+        )
+
+    @property
+    def _probes_fit(self) -> bool:
+        """The Laplace fit is probed at construction: the default HMC, racing, at small N."""
+        return (
+            self.proposal == "hmc"
+            and self.bound != "exact"
+            and self.control_variates
+            and not self.elemwise
+            and self.terms.n_obs <= SMALL_N
+        )
+
+    def _probe_fit(self, point: dict) -> bool:
+        """Score the Laplace fit on the exact log density before the surrogate is built.
+
+        Where :math:`N` is small a full pass is cheap, so the fit is scored at
+        once on exact values at draws from the Laplace approximation
+        (:func:`~pymc_subsample.mcmc.regime.probe_laplace_fit`), with NUTS's own
+        log density and gradient. A poor fit starts the step in the NUTS regime
+        and the surrogate is never compiled; True then.
+        """
+        nuts = self._build_nuts(point, point)
+        if isinstance(nuts, Exception):
+            return False
+        logp_grad = nuts._logp_dlogp_func
+        for name, shared in nuts.shared.items():
+            shared.set_value(point[name])
+        _, perm = self._nuts_order()
+        x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])[perm]
+        check = probe_laplace_fit(logp_grad, x0, self.rng.spawn(1)[0])
+        if check is None or not check.poor(self.terms.n_obs):
+            return False
+        self._enter_nuts(
+            nuts,
+            f"at construction, on {check.n} pairs of independent draws from its Laplace fit, "
+            f"the quadratic missed the exact log density change by {check.misfit:.2g} nats "
+            f"(median; {check.misfit_tail:.2g} at the 90% quantile), and an independence "
+            f"sampler from the fit would accept {check.accept_rate:.0%}",
+        )
+        return True
+
     def _switch_to_nuts(self, point: dict) -> None:
         """Leave the surrogate for PyMC's NUTS on the exact log density; warn once.
 
@@ -86,56 +184,21 @@ class NutsRegime:
         draw divergent). Tuning draws are discarded, so the kernel change and
         the jump leave the kept draws exact.
         """
-        import pymc as pm
-        from pymc.step_methods.hmc.quadpotential import QuadPotentialDiagAdapt
-
         check = self.fit_check
-        order = {v.name: i for i, v in enumerate(self.model.value_vars)}
-        nuts_vars = sorted(self.vars, key=lambda v: order[v.name])
-        ours = {v.name: k for k, v in enumerate(self.vars)}
-        starts = np.cumsum([0, *self._sizes])
-        perm = np.concatenate(
-            [np.arange(starts[ours[v.name]], starts[ours[v.name] + 1]) for v in nuts_vars]
-        )
         start = self._chain_start or point
-        x = self._flatten([np.asarray(start[v.name]) for v in self.vars])
-        rng = self.rng.spawn(1)[0]
-        potential = QuadPotentialDiagAdapt(
-            self.dim, x[perm], np.ones(self.dim), 10, rng=rng.spawn(1)[0]
-        )
-        try:
-            self.nuts = pm.NUTS(
-                nuts_vars,
-                model=self.model,
-                potential=potential,
-                rng=rng,
-                initial_point=point,
-                compile_kwargs=self._compile_kwargs or None,
-            )
-        except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
+        nuts = self._build_nuts(point, start)
+        if isinstance(nuts, Exception):
             self._nuts_failed = True
             warnings.warn(
                 f"RacingMetropolis: the quadratic surrogate fits this posterior poorly "
                 f"({check.describe()}), but PyMC's NUTS could not be built for this block "
-                f"({type(err).__name__}: {err}); the step keeps racing",
+                f"({type(nuts).__name__}: {nuts}); the step keeps racing",
                 UserWarning,
                 stacklevel=3,
             )
             return
-        self.nuts.tune = self.tune
         self._nuts_start = self._chain_start
-        self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
-        warnings.warn(
-            f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
-            f"subsampling cannot pay here (N = {self.terms.n_obs}; {check.describe()}); the "
-            "step now draws "
-            f"{', '.join(v.name for v in nuts_vars)} with PyMC's NUTS on the exact "
-            f"full-data log density, for the rest of its run (regime 'nuts', reason "
-            f"'poor_fit': sampler stat regime = {self.regime.code}). Pass proposal='normal' "
-            "to keep the racing random walk",
-            UserWarning,
-            stacklevel=3,
-        )
+        self._enter_nuts(nuts, check.describe())
 
     def _nuts_draw(self, point: dict):
         """One NUTS draw of the block (regime "nuts"); its stats mapped onto this step's."""
