@@ -351,3 +351,19 @@ def test_nuts_starts_as_pm_sample_would(no_probe):
     for k in start:
         np.testing.assert_array_equal(seen[0][k], start[k])  # restarted at the chain's start
     assert any(abs(seen[1][k] - start[k]) > 0 for k in start)  # then it moves on
+
+
+def test_a_switch_in_tuning_reuses_the_probes_compiled_density():
+    """The probe passes this ridge at rng 0; the tuning decisions then switch, compiling nothing."""
+    model, _ = curved_banana()
+    with model:
+        step = RacingMetropolis([model["a"], model["b"]], rng=0)
+    assert step.nuts is None and step.fit is not None  # the probe passed
+    probed = step._nuts_logp
+    point = model.initial_point()
+    with pytest.warns(UserWarning, match="tuning decisions"):
+        for _ in range(3 * FIT_WINDOW):
+            point, _ = step.step(point)
+            if step.nuts is not None:
+                break
+    assert step.nuts._logp_dlogp_func is probed

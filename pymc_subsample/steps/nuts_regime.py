@@ -112,6 +112,7 @@ class NutsRegime:
                 rng=rng,
                 initial_point=point,
                 compile_kwargs=self._compile_kwargs or None,
+                logp_dlogp_func=getattr(self, "_nuts_logp", None),  # the probe's, compiled
             )
         except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
             return err
@@ -162,6 +163,7 @@ class NutsRegime:
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])[perm]
         check = probe_laplace_fit(logp_grad, x0, self.rng.spawn(1)[0])
         if check is None or not check.poor(self.terms.n_obs):
+            self._nuts_logp = logp_grad  # for a switch in tuning: compiled once
             return False
         self._enter_nuts(
             nuts,
