@@ -104,7 +104,9 @@ def prior_points(model, n: int, seed: int) -> list[dict]:
         outputs.append(rv if transform is None else transform.forward(rv, *rv.owner.inputs))
     names = [model.rvs_to_values[rv].name for rv in model.free_RVs]
     try:
-        draw = compile_pymc([], outputs, random_seed=seed)
+        # Python's linker: a few draws, where compiling (Numba's object mode for some
+        # random variables) would cost more than they do
+        draw = compile_pymc([], outputs, random_seed=seed, mode="FAST_COMPILE")
         return [dict(zip(names, draw(), strict=True)) for _ in range(n)]
     except Exception:  # noqa: BLE001 (any failure to sample the prior: check at fewer points)
         return []
