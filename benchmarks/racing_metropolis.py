@@ -36,8 +36,10 @@ Samplers, in the same run, chains one after the other:
   at most its :data:`PEER_WORK` (skipped with a message otherwise;
   ``--peer-work`` scales the limits), HMCECS runs only while its measured
   memory per entry (:data:`PEER_BYTES`) fits in half the machine, and at N = 1e7
-  numpyro's NUTS runs one chain. JAX's dispatch is asynchronous: its timings end on ``block_until_ready``
-  (``peers.py``).
+  numpyro's NUTS runs one chain. ``--short-nuts`` adds a labelled one-chain
+  numpyro NUTS row of ``--draws`` draws to a stored run whose NUTS peers the size
+  rule skipped. JAX's dispatch is asynchronous: its timings end on
+  ``block_until_ready`` (``peers.py``).
 
 Reported: min bulk ESS (over the coefficients of the logistic and Student-t
 models, over every parameter of the others), compile/build seconds, sampling
@@ -262,6 +264,9 @@ def audited(model, draws, tune=200, seed=3):
 
 #: The hand-set PyMC NUTS row of ``--hand-set-nuts``: no jitter of the start.
 HAND_SET_NUTS = "PyMC NUTS, init='adapt_diag' (hand-set)"
+#: The row of ``--short-nuts``: numpyro's NUTS, one chain of the draws given, where the size
+#: rule skips the full run.
+SHORT_NUTS = "numpyro NUTS, 1 chain (shortened)"
 
 
 def pymc_nuts(model, ess_of, draws=500, tune=500, chains=2, seed=2, init="jitter+adapt_diag"):
@@ -302,7 +307,7 @@ def agreement(row, ref, ess_of=("a", "b")) -> float:
 
 
 #: NUTS peers that can serve as the reference for the means, in order of preference.
-REFERENCE_ORDER = ("numpyro NUTS", "nutpie NUTS", "PyMC NUTS", HAND_SET_NUTS)
+REFERENCE_ORDER = ("numpyro NUTS", "nutpie NUTS", "PyMC NUTS", HAND_SET_NUTS, SHORT_NUTS)
 #: A peer is a reference only if its min bulk ESS is at least this share of its kept draws
 #: (a chain that did not mix says nothing about the means).
 REFERENCE_MIN_ESS_SHARE = 0.1
@@ -452,6 +457,27 @@ def add_hand_set_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: P
     print(table([result]))
 
 
+def add_short_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: Path) -> None:
+    """Add the :data:`SHORT_NUTS` row to the stored run of (``model_kind``, ``n_obs``).
+
+    For rows over the size rule, where no NUTS peer ran: one chain of ``tune``
+    + ``draws`` (fewer than the other rows') gives a reference for the means
+    and an ESS per second, labelled as such.
+    """
+    spec = ROWS[model_kind]
+    n_obs = spec.fixed_n or n_obs
+    path = out / f"racing_metropolis_{model_kind}_{n_obs:.0e}.json".replace("+", "")
+    result = json.loads(path.read_text())
+    res = peers.numpyro_nuts(spec.numpyro, spec.data(n_obs), chains=1, draws=draws, tune=tune)
+    row = {**from_peer(res), "sampler": SHORT_NUTS}
+    row["ess_s"] = row["min_ess"] / row["seconds"]
+    row["ess_s_build"] = row["min_ess"] / (row["seconds"] + row["compile_seconds"])
+    result["rows"] = [r for r in result["rows"] if r["sampler"] != SHORT_NUTS] + [row]
+    compare_with_reference(result, spec.ess_of)
+    path.write_text(json.dumps(result, indent=1))
+    print(table([result]))
+
+
 def _size(n: int) -> str:
     """``1e+06`` for a power of ten, else ``13,000``."""
     return f"{n:.0e}" if n == float(f"{n:.0e}") else f"{n:,}"
@@ -552,9 +578,16 @@ def main():
         action="store_true",
         help="add a labelled PyMC NUTS row started without jitter to a stored run",
     )
+    parser.add_argument(
+        "--short-nuts",
+        action="store_true",
+        help="add a labelled one-chain numpyro NUTS row (--draws, --tune) to a stored run",
+    )
     args = parser.parse_args()
     if args.figure:
         figure()
+    elif args.short_nuts:
+        add_short_nuts(args.model, args.n or 100_000, args.draws, args.tune, args.out)
     elif args.hand_set_nuts:
         add_hand_set_nuts(args.model, args.n or 100_000, args.draws, args.tune, args.out)
     else:
