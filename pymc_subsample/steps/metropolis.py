@@ -254,6 +254,7 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         self._nuts_start: dict | None = None  # where NUTS takes the chain at its first draw
         self._tune_left: int | None = None  # tuning draws left in the chain (None: unknown)
         self._nuts_failed = False  # NUTS could not be built: the step keeps racing
+        self._nuts_logp = None  # NUTS's log density and gradient, compiled by the probe
         self.block = FlatBlock(self.vars, self._shapes)
         #: the surrogate's fit (None when a poor fit at construction started the step in NUTS)
         self.fit: LaplaceFit | None = None

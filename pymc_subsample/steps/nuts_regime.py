@@ -27,8 +27,8 @@ NUTS_MIN_TUNE = 200
 class NutsRegime:
     """Mixin of :class:`~pymc_subsample.RacingMetropolis`: the fit's measure and the NUTS regime.
 
-    Reads the step's ``fit_check``, ``fit``, ``regime``, ``nuts``, ``_tune_left``
-    and ``_nuts_failed`` (set in its constructor).
+    Reads the step's ``fit_check``, ``fit``, ``regime``, ``nuts``, ``_tune_left``,
+    ``_nuts_failed`` and ``_nuts_logp`` (set in its constructor).
     """
 
     @property
@@ -112,7 +112,7 @@ class NutsRegime:
                 rng=rng,
                 initial_point=point,
                 compile_kwargs=self._compile_kwargs or None,
-                logp_dlogp_func=getattr(self, "_nuts_logp", None),  # the probe's, compiled
+                logp_dlogp_func=self._nuts_logp,  # the probe's, compiled (None: compile)
             )
         except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
             return err
