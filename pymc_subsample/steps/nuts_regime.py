@@ -161,7 +161,8 @@ class NutsRegime:
             shared.set_value(point[name])
         _, perm = self._nuts_order()
         x0 = self._flatten([np.asarray(point[v.name]) for v in self.vars])[perm]
-        check = probe_laplace_fit(logp_grad, x0, self.rng.spawn(1)[0])
+        # a fixed seed: the regime is a function of the model and its data, not of the rng
+        check = probe_laplace_fit(logp_grad, x0, np.random.default_rng(0))
         if check is None or not check.poor(self.terms.n_obs):
             self._nuts_logp = logp_grad  # for a switch in tuning: compiled once
             return False
