@@ -425,16 +425,39 @@ def run(
     reasons["pymc_nuts"] = None
     peer("pymc_nuts", "PyMC NUTS", lambda: pymc_nuts(model, spec.ess_of, **common))  # fmt: skip
     for r in rows:
-        r["ess_s"] = r["min_ess"] / r["seconds"]
-        r["ess_s_build"] = r["min_ess"] / (r["seconds"] + r["compile_seconds"])
+        _with_rates(r)
     result = {
         "model": model_kind, "title": spec.title, "N": n_obs, "rows": rows,
         "audit_wrong": wrong, "audit_decisions": n_audit, "skipped": skipped,
     }  # fmt: skip
     compare_with_reference(result, spec.ess_of)
-    tag = f"{model_kind}_{n_obs:.0e}".replace("+", "")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"racing_metropolis_{tag}.json").write_text(json.dumps(result, indent=1))
+    _stored(model_kind, n_obs, out).write_text(json.dumps(result, indent=1))
+    print(table([result]))
+
+
+def _stored(model_kind: str, n_obs: int, out: Path) -> Path:
+    """Return the path of the stored run of (``model_kind``, ``n_obs``) in ``out``."""
+    return out / f"racing_metropolis_{model_kind}_{n_obs:.0e}.json".replace("+", "")
+
+
+def _with_rates(row: dict) -> dict:
+    """Add ``row``'s ESS per second, without and with its build (in place); return it."""
+    row["ess_s"] = row["min_ess"] / row["seconds"]
+    row["ess_s_build"] = row["min_ess"] / (row["seconds"] + row["compile_seconds"])
+    return row
+
+
+def _add_row(model_kind: str, n_obs: int, out: Path, make_row) -> None:
+    """Add (or replace) the row ``make_row(spec, n_obs)`` in a stored run; print its table."""
+    spec = ROWS[model_kind]
+    n_obs = spec.fixed_n or n_obs
+    path = _stored(model_kind, n_obs, out)
+    result = json.loads(path.read_text())
+    row = _with_rates(make_row(spec, n_obs))
+    result["rows"] = [r for r in result["rows"] if r["sampler"] != row["sampler"]] + [row]
+    compare_with_reference(result, spec.ess_of)
+    path.write_text(json.dumps(result, indent=1))
     print(table([result]))
 
 
@@ -444,17 +467,11 @@ def add_hand_set_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: P
     For rows where every peer, started as ``pm.sample`` starts it (a jittered
     initial point), failed to mix: a labelled reference for the means.
     """
-    spec = ROWS[model_kind]
-    n_obs = spec.fixed_n or n_obs
-    path = out / f"racing_metropolis_{model_kind}_{n_obs:.0e}.json".replace("+", "")
-    result = json.loads(path.read_text())
-    row = pymc_nuts(spec.model(spec.data(n_obs)), spec.ess_of, draws, tune, init="adapt_diag")
-    row["ess_s"] = row["min_ess"] / row["seconds"]
-    row["ess_s_build"] = row["min_ess"] / (row["seconds"] + row["compile_seconds"])
-    result["rows"] = [r for r in result["rows"] if r["sampler"] != HAND_SET_NUTS] + [row]
-    compare_with_reference(result, spec.ess_of)
-    path.write_text(json.dumps(result, indent=1))
-    print(table([result]))
+
+    def make_row(spec, n):
+        return pymc_nuts(spec.model(spec.data(n)), spec.ess_of, draws, tune, init="adapt_diag")
+
+    _add_row(model_kind, n_obs, out, make_row)
 
 
 def add_short_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: Path) -> None:
@@ -464,18 +481,12 @@ def add_short_nuts(model_kind: str, n_obs: int, draws: int, tune: int, out: Path
     + ``draws`` (fewer than the other rows') gives a reference for the means
     and an ESS per second, labelled as such.
     """
-    spec = ROWS[model_kind]
-    n_obs = spec.fixed_n or n_obs
-    path = out / f"racing_metropolis_{model_kind}_{n_obs:.0e}.json".replace("+", "")
-    result = json.loads(path.read_text())
-    res = peers.numpyro_nuts(spec.numpyro, spec.data(n_obs), chains=1, draws=draws, tune=tune)
-    row = {**from_peer(res), "sampler": SHORT_NUTS}
-    row["ess_s"] = row["min_ess"] / row["seconds"]
-    row["ess_s_build"] = row["min_ess"] / (row["seconds"] + row["compile_seconds"])
-    result["rows"] = [r for r in result["rows"] if r["sampler"] != SHORT_NUTS] + [row]
-    compare_with_reference(result, spec.ess_of)
-    path.write_text(json.dumps(result, indent=1))
-    print(table([result]))
+
+    def make_row(spec, n):
+        res = peers.numpyro_nuts(spec.numpyro, spec.data(n), chains=1, draws=draws, tune=tune)
+        return {**from_peer(res), "sampler": SHORT_NUTS}
+
+    _add_row(model_kind, n_obs, out, make_row)
 
 
 def _size(n: int) -> str:

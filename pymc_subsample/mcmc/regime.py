@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import minimize
 
+from .mode import gradient_jacobian
+
 __all__ = [
     "FIT_WINDOW",
     "PROBE_PAIRS",
@@ -249,17 +251,12 @@ def probe_laplace_fit(
     x0 = np.asarray(x0, dtype=float)
     found = minimize(negative, x0, jac=True, method="L-BFGS-B", options={"maxiter": 500})
     mode = np.asarray(found.x, dtype=float)
-    top, _ = negative(mode)
+    top = float(found.fun)
     if not np.isfinite(top):
         return None
     dim = len(mode)
-    hess = np.empty((dim, dim))
-    for j in range(dim):
-        h = 1e-5 * max(1.0, abs(mode[j]))
-        step = np.zeros(dim)
-        step[j] = h
-        hess[:, j] = (negative(mode + step)[1] - negative(mode - step)[1]) / (2 * h)
-    precision = 0.5 * (hess + hess.T)  # of -logp: the precision itself
+    eps = 1e-5 * np.maximum(1.0, np.abs(mode))
+    precision = gradient_jacobian(lambda x: negative(x)[1], mode, eps)  # of -logp
     if not np.all(np.isfinite(precision)):
         return None
     try:
