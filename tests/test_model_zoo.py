@@ -20,7 +20,7 @@ import pytensor.tensor as pt
 import pytest
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
-from pymc_subsample.options import RaceOptions
+from pymc_subsample.options import AuditOptions, RaceOptions
 
 FAST = RaceOptions(batch_size=25, exact_fraction=0.5)
 
@@ -349,6 +349,59 @@ def centred_on_the_data_mean(d, n):
     return {"gibbs": "q", "mh": "mu"}
 
 
+def uniform_window(d, n):
+    """A support bounded by the parameter on three rows: z ~ Uniform(m - 5, m + 5).
+
+    The Normal rows favour a shift of 0, which the three rows at 5.005 make impossible.
+    """
+    q = pm.Categorical("q", np.ones(5) / 5)
+    mu = pm.Normal("mu", 0, 1)
+    y = d["rng"].normal(size=n)
+    y -= y.mean()
+    z = d["rng"].uniform(-1, 1, n)
+    z[[n // 7, n // 3, n // 2]] = 5.005
+    m = mu + pt.as_tensor([-0.02, -0.01, 0.0, 0.01, 0.02])[q]
+    pm.Normal("y", m, 1, observed=pm.Data("yd", y))
+    pm.Uniform("z", m - 5, m + 5, observed=pm.Data("zd", z))
+    # mu = 0 and q = 0 (the initial point) lie outside the support: the Gibbs check holds mu
+    # there, the Metropolis one starts inside (as pm.sample's start must be)
+    return {"gibbs": "q", "mh": "mu", "mh_point": {"mu": 0.03}}
+
+
+def discrete_uniform_bound(d, n):
+    """DiscreteUniform(1, M) observed: every M below the largest count is impossible."""
+    big_m = pm.DiscreteUniform("M", 1, 60)
+    y = d["rng"].integers(1, 13, n)
+    y[[n // 5, n // 2, n - 2]] = [40, 45, 50]
+    pm.DiscreteUniform("y", 1, big_m, observed=pm.Data("yd", y))
+    return {"gibbs": "M"}
+
+
+def binomial_count_capped(d, n):
+    """Counts capped by the candidate: Binomial(n=M, p) with three large counts."""
+    big_m = pm.DiscreteUniform("M", 5, 60)
+    y = d["rng"].binomial(10, 0.3, n)
+    y[[n // 5, n // 2, n - 2]] = [14, 15, 16]
+    pm.Binomial("y", n=big_m, p=0.3, observed=pm.Data("yd", y))
+    return {"gibbs": "M"}
+
+
+def truncation_point(d, n):
+    """A truncation point chosen by a Categorical: the tighter ones exclude a few rows."""
+    k = pm.Categorical("k", np.ones(4) / 4)
+    lower = pt.as_tensor([-3.0, -2.0, -1.0, 0.0])[k]
+    y = d["rng"].normal(size=4 * n)
+    y = y[y > -1.0][:n]
+    y[[n // 4, n // 2, n - 3]] = [-1.2, -1.5, -1.9]
+    pm.Truncated("y", pm.Normal.dist(0, 1), lower=lower, observed=pm.Data("yd", y))
+    return {"gibbs": "k"}
+
+
+#: Models whose terms are -inf on a few rows for some values of the block (a support that
+#: depends on the drawn value): right at N = 20,000 with the steps' defaults and no audits.
+SUPPORT = [uniform_window, discrete_uniform_bound, binomial_count_capped, truncation_point]
+
+
 REFUSED = {
     hand_written_lag: r"slice along the observation axis.*pm\.Data columns built outside",
     ar_distribution: r"nothing to subsample",
@@ -373,9 +426,9 @@ def _tv_bound(p, n_draws, rng, level=0.99):
     return float(np.quantile(0.5 * np.abs(counts - p).sum(axis=1), level))
 
 
-def check_gibbs(model, name, point, n_draws, race):
+def check_gibbs(model, name, point, n_draws, race, audit=None):
     with model:
-        step = SubsampledCategoricalGibbs([model[name]], rng=1, race=race)
+        step = SubsampledCategoricalGibbs([model[name]], rng=1, race=race, audit=audit)
     values = step.candidate_values[0]
     logp = model.compile_logp()
     lps = np.array([logp(point | {name: np.asarray(v, dtype=point[name].dtype)}) for v in values])
@@ -419,10 +472,10 @@ def _batch_se(values, n_batches=25):
     return means.std(ddof=1) / np.sqrt(n_batches)
 
 
-def check_metropolis(model, name, point, n_tune, n_draws, race):
+def check_metropolis(model, name, point, n_tune, n_draws, race, audit=None):
     value_var = next(v for v in model.value_vars if v.name == name)
     with model:
-        step = RacingMetropolis([model.values_to_rvs[value_var]], rng=1, race=race)
+        step = RacingMetropolis([model.values_to_rvs[value_var]], rng=1, race=race, audit=audit)
     grid, w = _conditional_grid(model, name, point)
     cdf = np.cumsum(w)
     step.setup_chain(np.random.default_rng(2), tune=n_tune, draws=n_draws)
@@ -487,6 +540,21 @@ def test_zoo_model_is_drawn_right_at_scale_with_defaults(builder):
     model, spec, point = _build(builder, 20_000)
     check_gibbs(model, spec["gibbs"], point, 1500, None)
     check_metropolis(model, spec["mh"], point, 500, 2000, None)
+
+
+@pytest.mark.parametrize("builder", SUPPORT, ids=lambda f: f.__name__)
+def test_zoo_support_bounded_by_the_block_is_right_at_scale_without_audits(builder):
+    """No candidate impossible on a few rows is ever drawn, by the rule alone (no audits)."""
+    model, spec, point = _build(builder, 20_000)
+    off = AuditOptions(every=0)
+    step = check_gibbs(model, spec["gibbs"], point, 400, None, audit=off)
+    assert step.row_support.mode == "bounds" and not step.decides_exactly
+    if "mh" in spec:
+        point = point | {
+            k: np.asarray(v, dtype=point[k].dtype) for k, v in spec["mh_point"].items()
+        }
+        step = check_metropolis(model, spec["mh"], point, 300, 1500, None, audit=off)
+        assert step.row_support.mode == "bounds"
 
 
 @pytest.mark.parametrize("builder", list(REFUSED), ids=lambda f: f.__name__)

@@ -22,6 +22,11 @@ audits measured (:func:`diagnose`):
   on a few rows): a batch rarely sees the rows that decide.
 - ``"heavy_tails"``: otherwise, a few rows carry large terms and the normal
   approximation of the race's bound fails.
+
+A fourth cause needs no test: ``"support"``, a race that chose a value the exact
+computation makes impossible (its log density :math:`-\infty`, or a probability
+below any plausible error): a term is :math:`-\infty` on rows the race did not
+read. One such audit suffices.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ __all__ = [
     "diagnose",
     "error_rate_exceeds",
     "explain",
+    "impossible_choice",
     "scores_differ",
     "zero_difference_share",
 ]
@@ -46,7 +52,7 @@ SIGNIFICANCE = 1e-3
 #: A batch whose share of exactly-zero per-row differences exceeds this is "sparse".
 SPARSE_SHARE = 0.5
 #: The causes :func:`diagnose` tells apart.
-CAUSES = ("structural", "sparse", "heavy_tails")
+CAUSES = ("structural", "sparse", "heavy_tails", "support")
 #: Relative tolerance of :func:`scores_differ` (rounding of sums over many rows in
 #: double precision; the steps use 1e-4 for a model in single precision).
 SCORE_RTOL = 1e-8
@@ -86,6 +92,24 @@ def scores_differ(ours: np.ndarray, independent: np.ndarray, rtol: float = SCORE
     best = int(np.argmax(b))
     scale = max(1.0, float(np.abs(a).max()), float(np.abs(b).max()))
     return bool(np.abs((a - a[best]) - (b - b[best])).max() > rtol * scale)
+
+
+def impossible_choice(scores: np.ndarray, chosen: int, min_prob: float = 1e-12) -> bool:
+    r"""Return True when candidate ``chosen`` has exact probability below ``min_prob``.
+
+    ``scores`` are the exact log densities of the candidates (shape ``(K,)``); the
+    probability of :math:`k` is :math:`e^{s_k} / \sum_j e^{s_j}`. A race that chose
+    such a value erred with certainty (an impossible value: :math:`s_k = -\infty`).
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if np.isneginf(scores[chosen]):
+        return True
+    finite = scores[np.isfinite(scores)]
+    if finite.size == 0:
+        return False
+    top = finite.max()
+    log_norm = top + np.log(np.exp(finite - top).sum())
+    return bool(scores[chosen] - log_norm < np.log(min_prob))
 
 
 def zero_difference_share(terms: np.ndarray) -> float:
@@ -163,6 +187,20 @@ def explain(
             "Do not subsample this model: use an exact PyMC step, or rewrite the "
             "likelihood with per-observation inputs (e.g. the lagged values as their own "
             "pm.Data column)"
+        )
+    if cause == "support":
+        return (
+            f"{step}: an audited decision chose a value that the exact computation makes "
+            "impossible (log density -inf, or probability below 1e-12): the likelihood terms "
+            "are -inf on rows the race did not read, for that value (a support bounded by "
+            "the parameter, checked by no rule the step knows). "
+            + (
+                "The step decides exactly (every observation) for the rest of its run, and "
+                "its 'audit_exact' stat is True from now on. "
+                if act
+                else "The step keeps racing, as audit=AuditOptions(act=False) asks. "
+            )
+            + "Use race=RaceOptions(bound='exact') or an exact PyMC step for this variable"
         )
     if cause == "sparse":
         return head + (

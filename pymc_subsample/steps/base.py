@@ -16,6 +16,7 @@ from ..mcmc.audit import SCORE_RTOL, diagnose, error_rate_exceeds, explain
 from ..mcmc.backoff import Backoff
 from ..mcmc.cost import choose_exact_after, choose_first_batch, fit_round_cost, median_seconds
 from ..model.function_cache import compile_cached
+from ..model.row_support import RowSupport
 from ..model.terms import ObservationTerms
 from ..options import AuditOptions, RaceOptions, options_or_default
 from ..racing import ExactSwitch, RaceConfig
@@ -28,6 +29,8 @@ __all__ = [
     "AUDIT_BUDGET",
     "AUDIT_DISAGREE",
     "AUDIT_NOT_RUN",
+    "CERTAIN_ERROR_PROB",
+    "FIRST_AUDIT_BY",
     "SHUFFLE_DIVISOR",
     "RacingStep",
     "RacingStepState",
@@ -45,6 +48,12 @@ AUDIT_DISAGREE = 0
 AUDIT_BUDGET = 0.05
 #: ``shuffle_every="auto"`` redraws the row permutation every :math:`N` / this many draws.
 SHUFFLE_DIVISOR = 10
+#: Every chain audits at least one raced decision by this draw (unless ``audit.every`` is 0),
+#: whatever the time budget: the blocks whose exact passes are dearest are audited too.
+FIRST_AUDIT_BY = 50
+#: An audit that finds the race chose a value of exact conditional probability below this
+#: (a value impossible on rows the race did not read) acts at once, whatever the count.
+CERTAIN_ERROR_PROB = 1e-12
 
 
 def check_step_context(model, initial_point, compile_kwargs) -> None:
@@ -183,6 +192,13 @@ class RacingStep(BlockedStep):
             batches=race.batches,
         )
         self.vars = self.terms.vars
+        #: which candidates are finite on every row, when the block moves the terms' support
+        self.row_support = RowSupport(self.terms)
+        #: True when the support moves with the block in a way no cheap check sees: every
+        #: decision is then exact (:attr:`decides_exactly`)
+        self._support_exact = False
+        if self.row_support.mode == "unknown":
+            self._decide_exactly_for_support(self.row_support.reason)
         self._auto_shuffle = race.shuffle_every == "auto"
         self.shuffle_every = (
             max(1, self.terms.n_obs // SHUFFLE_DIVISOR)
@@ -199,6 +215,22 @@ class RacingStep(BlockedStep):
         self._shuffle()
 
     # -- settings (read-only views of the options) ----------------------------------
+
+    def _decide_exactly_for_support(self, reason: str) -> None:
+        """Decide every draw exactly: the support moves with the block, unchecked; say so once."""
+        self._support_exact = True
+        names = ", ".join(v.name for v in self.vars)
+        warnings.warn(
+            f"{type(self).__name__}: the likelihood terms of {names} are -inf on some rows "
+            f"and not others depending on the value of {names} (a support bounded by the "
+            f"parameter), and the step cannot tell cheaply which values are possible on every "
+            f"row ({reason}): a race reading a few rows could pick an impossible value, so "
+            "every decision of this step is exact (all N rows). To race, write the bound as a "
+            "comparison of the parameter with the data (as PyMC's DiscreteUniform, Uniform, "
+            "Truncated and Binomial do), or sample this variable with an exact PyMC step",
+            UserWarning,
+            stacklevel=4,
+        )
 
     @property
     def bound(self) -> str:
@@ -339,10 +371,16 @@ class RacingStep(BlockedStep):
     def decides_exactly(self) -> bool:
         """True when every decision is made exactly.
 
-        ``bound="exact"``, an immediate switch, or audits that found the races
-        wrong (:attr:`audit_exact`).
+        ``bound="exact"``, an immediate switch, audits that found the races
+        wrong (:attr:`audit_exact`), or a support that moves with the block in a
+        way no cheap check sees (:class:`~pymc_subsample.model.row_support.RowSupport`).
         """
-        return self.bound == "exact" or self.exact_switch.decides_at_once or self.audit_exact
+        return (
+            self.bound == "exact"
+            or self.exact_switch.decides_at_once
+            or self.audit_exact
+            or self._support_exact
+        )
 
     def _measure(self, point, n_cands: int) -> tuple[tuple[float, float], float]:
         """Time batch and exact evaluations at ``point``: ``((a, b), exact_seconds)``."""
@@ -422,6 +460,7 @@ class RacingStep(BlockedStep):
             refuses every draw until they can.
         """
         changed, old_n, new_n = self.terms.take_up_data(point)
+        self.row_support.take_up_data()
         if self._auto_shuffle:
             self.shuffle_every = max(1, new_n // SHUFFLE_DIVISOR)
         self._backoff.reset()
@@ -478,9 +517,13 @@ class RacingStep(BlockedStep):
         if self._since_shuffle > self.shuffle_every:
             self._shuffle()
             self._since_shuffle = 1
+        if self.audit_every == 0:
+            return False
+        if self.n_audits == 0 and self.n_steps >= FIRST_AUDIT_BY:  # none yet this chain
+            return True
         if self.audit_every == "auto":
             return self._audit_seconds <= AUDIT_BUDGET * self._run_seconds
-        return self.audit_every > 0 and self.n_steps % self.audit_every == 0
+        return self.n_steps % self.audit_every == 0
 
     # -- audits ----------------------------------------------------------------------
 
@@ -556,7 +599,12 @@ class RacingStep(BlockedStep):
         return self.terms.loglik_batch(candidates, positions, point)
 
     def _record_audit(
-        self, agree: bool, *, structural: bool = False, zero_share: float | None = None
+        self,
+        agree: bool,
+        *,
+        structural: bool = False,
+        zero_share: float | None = None,
+        certain: bool = False,
     ) -> None:
         """Count an audited decision; act when the error rate clearly exceeds delta.
 
@@ -569,21 +617,24 @@ class RacingStep(BlockedStep):
         naming the cause (:func:`~pymc_subsample.mcmc.audit.diagnose`), and, with
         ``audit.act``, decides exactly from then on (:attr:`audit_exact`), from the
         model's joint log density if the cause is structural; with ``act=False``
-        it only warns (once: :attr:`audit_cause` is then set).
+        it only warns (once: :attr:`audit_cause` is then set). ``certain``: the
+        race chose a value the exact conditional makes impossible (probability
+        below :data:`CERTAIN_ERROR_PROB`): no error rate of delta explains it,
+        so the step acts at once, naming the moving support as the cause.
         """
         self.n_audits += 1
         self.n_disagreements += int(not agree)
         self.n_structural += int(structural)
         if zero_share is not None:
             self._zero_shares.append(float(zero_share))
-        if agree or self.audit_cause is not None:
+        if agree or (self.audit_cause is not None and not certain) or self.audit_exact:
             # P(Binomial(n, delta) >= k) grows with n at fixed k: an agreement cannot make
             # the test below pass, so it is run (a slow scipy call) only at disagreements
             return
         k, n = self.n_disagreements, self.n_audits
-        if error_rate_exceeds(k, n, self.race_delta):
+        if certain or error_rate_exceeds(k, n, self.race_delta):
             share = float(np.mean(self._zero_shares)) if self._zero_shares else None
-            cause = diagnose(self.n_structural, share)
+            cause = "support" if certain else diagnose(self.n_structural, share)
             self.audit_cause = cause
             act = self.audit.act
             if act:

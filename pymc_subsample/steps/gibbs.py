@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..mcmc.audit import scores_differ, zero_difference_share
+from ..mcmc.audit import impossible_choice, scores_differ, zero_difference_share
 from ..model.blocks import check_expand_in
 from ..model.expansion import Expansion
 from ..model.support import discrete_support
@@ -193,6 +193,7 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         self._set_control_variates(control_variates, expand_in)
         self._plan_races(max(self.n_categories))
         self._plan_compiled()
+        self._check_support_numerically()
 
     # -- read-only views ---------------------------------------------------------------
 
@@ -276,6 +277,33 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
             shift += 0.5 * np.einsum("kij,i,j->k", hess, step, step)
         return shift
 
+    def _check_support_numerically(self) -> None:
+        r"""One exact pass at the initial point's candidates: is a -inf the graph did not show?
+
+        A candidate whose terms sum to :math:`-\infty` while its :math:`\log f_0` is finite,
+        the check of :class:`~pymc_subsample.model.row_support.RowSupport` having found it
+        possible, and whose terms on a batch of rows are not all :math:`-\infty`, is
+        impossible on a few rows only, by a rule the graph did not show (a ``log`` of zero,
+        a ``pm.Potential``): every decision is then exact.
+        """
+        if self.decides_exactly:
+            return
+        point = self.initial_point
+        flat = None if self._lone else np.asarray(point[self.vars[0].name]).ravel()
+        cands, log_f0 = self._candidates(0, 0, flat, point)
+        sums = self.terms.loglik_sum(cands, point)
+        missed = (
+            np.isneginf(sums) & np.isfinite(log_f0) & ~self.row_support.infeasible(cands, point)
+        )
+        if not missed.any():
+            return
+        some = [c[missed] for c in cands]
+        if np.isfinite(self._audit_batch(some, point)).any():
+            self._decide_exactly_for_support(
+                "found numerically: a candidate's terms sum to -inf over all rows while a "
+                "batch of rows is finite"
+            )
+
     # -- one draw ---------------------------------------------------------------------
 
     def _draw(self, point, audit):
@@ -342,12 +370,18 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         Returns ``(value, n_evals, n_rounds, exhausted, n_raced, audit_agree, rows)``,
         ``rows`` the observations the decision read (:math:`N` for an exact one).
         Exact when every decision is (:attr:`decides_exactly`) or the
-        back-off says so (:class:`~pymc_subsample.mcmc.backoff.Backoff`).
+        back-off says so (:class:`~pymc_subsample.mcmc.backoff.Backoff`). Where the
+        block moves the terms' support, only candidates finite on every row
+        race (:class:`~pymc_subsample.model.row_support.RowSupport`).
         """
         noise = self._noise(len(log_f0))
         if self.decides_exactly or self._backoff.take(key):
             value, n_evals = self._exact_draw(cands, log_f0, noise, point)
             return value, n_evals, 1, True, 0, AUDIT_NOT_RUN, self.terms.n_obs
+        if self.row_support.mode == "bounds":  # only candidates finite on every row race
+            impossible = self.row_support.infeasible(cands, point)
+            if impossible.any():
+                log_f0 = np.where(impossible, -np.inf, log_f0)
         value, n_evals, n_rounds, exhausted, sums, rows = self._race(
             key, cands, log_f0, noise, point
         )
@@ -475,15 +509,16 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         with self._audit_clock():
             joint = self._joint_scores(cands, point)
             agree = argmax_or_raise(joint + noise) == value
-        structural, share = False, None
+        structural, share, certain = False, None, False
         if not agree:
+            certain = impossible_choice(joint, value)
             feasible = np.flatnonzero(np.isfinite(log_f0))
             sums = totals or (lambda arms: self.terms.loglik_sum([c[arms] for c in cands], point))
             ours = np.full(len(log_f0), -np.inf)
             ours[feasible] = log_f0[feasible] + sums(feasible)
             structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
-        self._record_audit(agree, structural=structural, zero_share=share)
+        self._record_audit(agree, structural=structural, zero_share=share, certain=certain)
         return AUDIT_AGREE if agree else AUDIT_DISAGREE
 
     def _lone_log_f0(self, point) -> np.ndarray:

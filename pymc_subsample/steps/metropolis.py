@@ -452,6 +452,11 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         log_u = float(np.log(self.rng.random()))
         if not (np.isfinite(log_f0[1]) and np.isfinite(extra)):
             return False, 0.0
+        if (
+            self.row_support.mode == "bounds"
+            and self.row_support.infeasible([c[1:] for c in cands], point)[0]
+        ):  # the proposal's terms are -inf on some row: rejected without a race
+            return False, 0.0
         if self._exact_independent:  # audits found our terms wrong: the model's joint density
             joint = self._joint_scores(cands, point)
             log_alpha = float(joint[1] - joint[0] + extra)
@@ -514,9 +519,11 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             joint = self._joint_scores(cands, point)
             agree = bool(log_u < joint[1] - joint[0] + extra) == bool(accepted)
         structural, share = False, None
+        # accepting a proposal of zero density is an error no rate of delta explains
+        certain = bool(accepted) and bool(np.isneginf(joint[1]))
         if not agree:
             ours = log_f0 + self.terms.loglik_sum(cands, point)
             structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
-        self._record_audit(agree, structural=structural, zero_share=share)
+        self._record_audit(agree, structural=structural, zero_share=share, certain=certain)
         return agree
