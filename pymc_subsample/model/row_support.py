@@ -116,7 +116,7 @@ def _scalar_op(node):
 
 
 def _preserving_inputs(node) -> list:
-    r"""Inputs of ``node`` whose :math:`-\infty` reaches its output (whatever the others)."""
+    r"""Return the inputs of ``node`` whose :math:`-\infty` reaches its output unmasked."""
     op, scalar = node.op, _scalar_op(node)
     if isinstance(scalar, ps.Add):
         return list(node.inputs)
@@ -134,7 +134,7 @@ def _preserving_inputs(node) -> list:
 
 
 def find_support_conditions(graph, block: Sequence, data: Sequence) -> list[SupportCondition]:
-    r"""Return the :math:`-\infty` switches of ``graph`` whose condition reads ``block`` and ``data``.
+    r"""Return the :math:`-\infty` switches of ``graph`` whose condition reads the block and data.
 
     Parameters
     ----------
@@ -324,7 +324,7 @@ class RowSupport:
 
     @property
     def varies(self) -> bool:
-        """True when some row's term can be :math:`-\\infty` for some values of the block only."""
+        r"""True when some row's term can be :math:`-\infty` for some values of the block only."""
         return self.mode != "none"
 
     def take_up_data(self) -> None:

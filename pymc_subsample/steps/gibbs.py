@@ -278,7 +278,7 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         return shift
 
     def _check_support_numerically(self) -> None:
-        r"""One exact pass at the initial point's candidates: is a -inf the graph did not show?
+        r"""Make one exact pass at the initial point's candidates, for a -inf the graph hid.
 
         A candidate whose terms sum to :math:`-\infty` while its :math:`\log f_0` is finite,
         the check of :class:`~pymc_subsample.model.row_support.RowSupport` having found it
