@@ -8,8 +8,9 @@ by quadrature for RacingMetropolis on a scalar (mean and three quantiles
 within four Monte Carlo standard errors, from batch means). Models whose
 terms read across observations must be refused with a ModelSplitError that
 names the feature. The default run uses N = 300 with small batches and an
-early exact switch, so that races run; the slow run uses the steps' defaults
-at N = 20,000.
+early exact switch, so that races run, and draws a subset (AT_SCALE_DEFAULT, and
+the SUPPORT models) at N = 20,000 with the steps' defaults; the slow run draws
+every model there.
 """
 
 import warnings
@@ -530,16 +531,21 @@ def test_zoo_model_is_drawn_right_by_racing_metropolis(builder):
         check_metropolis(model, spec["mh"], point, 200, 1200, FAST)
 
 
-@pytest.mark.slow
+#: Models drawn at N = 20,000 with the steps' defaults in the default run (where races,
+#: not exact passes, make most decisions): one per kind of difficulty, the rest slow.
+AT_SCALE_DEFAULT = {normal_grid, poisson_offset, change_point_discrete_uniform, student_t}
+
+
 @pytest.mark.parametrize(
     "builder",
-    ACCEPTED,
+    [b if b in AT_SCALE_DEFAULT else pytest.param(b, marks=pytest.mark.slow) for b in ACCEPTED],
     ids=lambda f: f.__name__,
 )
 def test_zoo_model_is_drawn_right_at_scale_with_defaults(builder):
     model, spec, point = _build(builder, 20_000)
-    check_gibbs(model, spec["gibbs"], point, 1500, None)
-    check_metropolis(model, spec["mh"], point, 500, 2000, None)
+    quick = builder in AT_SCALE_DEFAULT
+    check_gibbs(model, spec["gibbs"], point, 600 if quick else 1500, None)
+    check_metropolis(model, spec["mh"], point, 300 if quick else 500, 1500 if quick else 2000, None)
 
 
 @pytest.mark.parametrize("builder", SUPPORT, ids=lambda f: f.__name__)

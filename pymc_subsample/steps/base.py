@@ -605,8 +605,9 @@ class RacingStep(BlockedStep):
         structural: bool = False,
         zero_share: float | None = None,
         certain: bool = False,
+        impossible: bool = False,
     ) -> None:
-        """Count an audited decision; act when the error rate clearly exceeds delta.
+        r"""Count an audited decision; act when the error rate clearly exceeds delta.
 
         ``structural``: the exact decision from the race's own terms differed
         from the model's (:func:`~pymc_subsample.mcmc.audit.scores_differ`);
@@ -618,9 +619,10 @@ class RacingStep(BlockedStep):
         ``audit.act``, decides exactly from then on (:attr:`audit_exact`), from the
         model's joint log density if the cause is structural; with ``act=False``
         it only warns (once: :attr:`audit_cause` is then set). ``certain``: the
-        race chose a value the exact conditional makes impossible (probability
-        below :data:`CERTAIN_ERROR_PROB`): no error rate of delta explains it,
-        so the step acts at once, naming the moving support as the cause.
+        race chose a value of exact probability below :data:`CERTAIN_ERROR_PROB`,
+        an error no rate of delta explains: the step acts at once, naming the
+        moving support as the cause when the value was ``impossible`` (its exact
+        log density :math:`-\infty`), else the cause the audits measured.
         """
         self.n_audits += 1
         self.n_disagreements += int(not agree)
@@ -634,7 +636,7 @@ class RacingStep(BlockedStep):
         k, n = self.n_disagreements, self.n_audits
         if certain or error_rate_exceeds(k, n, self.race_delta):
             share = float(np.mean(self._zero_shares)) if self._zero_shares else None
-            cause = "support" if certain else diagnose(self.n_structural, share)
+            cause = "support" if impossible else diagnose(self.n_structural, share)
             self.audit_cause = cause
             act = self.audit.act
             if act:

@@ -26,6 +26,7 @@ from .base import (
     AUDIT_AGREE,
     AUDIT_DISAGREE,
     AUDIT_NOT_RUN,
+    CERTAIN_ERROR_PROB,
     RacingStep,
 )
 from .gibbs_plan import COMPILED_MIN_OBS, CompiledRacePlanner
@@ -511,14 +512,17 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
             agree = argmax_or_raise(joint + noise) == value
         structural, share, certain = False, None, False
         if not agree:
-            certain = impossible_choice(joint, value)
+            certain = impossible_choice(joint, value, CERTAIN_ERROR_PROB)
             feasible = np.flatnonzero(np.isfinite(log_f0))
             sums = totals or (lambda arms: self.terms.loglik_sum([c[arms] for c in cands], point))
             ours = np.full(len(log_f0), -np.inf)
             ours[feasible] = log_f0[feasible] + sums(feasible)
             structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
-        self._record_audit(agree, structural=structural, zero_share=share, certain=certain)
+        impossible = bool(np.isneginf(joint[value]))
+        self._record_audit(
+            agree, structural=structural, zero_share=share, certain=certain, impossible=impossible
+        )
         return AUDIT_AGREE if agree else AUDIT_DISAGREE
 
     def _lone_log_f0(self, point) -> np.ndarray:

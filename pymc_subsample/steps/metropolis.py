@@ -525,5 +525,7 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             ours = log_f0 + self.terms.loglik_sum(cands, point)
             structural = scores_differ(ours, joint, self._score_rtol)
             share = zero_difference_share(self._audit_batch(cands, point))
-        self._record_audit(agree, structural=structural, zero_share=share, certain=certain)
+        self._record_audit(
+            agree, structural=structural, zero_share=share, certain=certain, impossible=certain
+        )
         return agree
