@@ -278,6 +278,27 @@ def observed_of_different_lengths(d, n):
     return {"gibbs": "q", "mh": "mu"}
 
 
+def threshold_switch(d, n):
+    """A continuous threshold entering through a comparison only: no useful gradient."""
+    q = pm.Categorical("q", np.ones(3) / 3)
+    tau = pm.Uniform("tau", -2, 2)
+    x = d["rng"].uniform(-2, 2, n)
+    y = np.where(x < 0.3, -0.5, 0.5) + d["rng"].normal(size=n)
+    mean = pt.switch(pm.Data("xs", x) < tau, -0.5, 0.5) + pt.as_tensor([0.0, 0.1, 0.2])[q]
+    pm.Normal("y", mean, 1, observed=pm.Data("yd", y))
+    return {"gibbs": "q", "mh": "tau_interval__"}
+
+
+def change_point_continuous(d, n):
+    """A continuous change point in a Poisson rate (the switch's condition): no gradient."""
+    q = pm.Categorical("q", np.ones(3) / 3)
+    tau = pm.Uniform("tau", 0, n)
+    y = d["rng"].poisson(np.where(d["t"] < 0.4 * n, 2.0, 5.0))
+    late = pt.as_tensor([4.5, 5.0, 5.5])[q]
+    pm.Poisson("y", pt.switch(pm.Data("t", d["t"]) < tau, 2.0, late), observed=pm.Data("yd", y))
+    return {"gibbs": "q", "mh": "tau_interval__"}
+
+
 ACCEPTED = [
     normal_grid,
     linear_regression_discrete_scale,
@@ -303,6 +324,8 @@ ACCEPTED = [
     binomial_latent_scale,
     several_data_columns_robust,
     observed_of_different_lengths,
+    threshold_switch,
+    change_point_continuous,
 ]
 
 
@@ -341,6 +364,14 @@ def per_observation_latent(d, n):
     return {"gibbs": "q", "mh": "mu"}
 
 
+def per_observation_label(d, n):
+    """A mixture with one discrete label per row, the label as the Gibbs block."""
+    mu = pm.Normal("mu", 0, 3, shape=2)
+    z = pm.Categorical("z", np.array([0.3, 0.7]), shape=n)
+    pm.Normal("y", mu[z], 1, observed=pm.Data("yd", d["x"]))
+    return {"gibbs": "z", "mh": "mu"}
+
+
 def centred_on_the_data_mean(d, n):
     mu = pm.Normal("mu", 0, 1)
     q = pm.Categorical("q", np.ones(3) / 3)
@@ -354,6 +385,7 @@ REFUSED = {
     ar_distribution: r"nothing to subsample",
     random_walk_mean: r"cumulative sum",
     per_observation_latent: r"latent variable",
+    per_observation_label: r"per-observation latent",
     centred_on_the_data_mean: r"reduction",
 }
 
@@ -454,6 +486,8 @@ METROPOLIS_DEFAULT = {
     censored,
     student_t,
     change_point_discrete_uniform,
+    threshold_switch,
+    change_point_continuous,
 }
 
 
