@@ -533,6 +533,31 @@ def test_zoo_model_is_refused_with_the_reason(builder):
             RacingMetropolis([model[spec["mh"]]])
 
 
+def test_zoo_per_row_label_is_drawn_exactly_by_row_latent_gibbs():
+    """The label refused above, drawn by RowLatentGibbs: joint enumeration at N = 6 (64 values)."""
+    import itertools
+
+    from pymc_subsample import RowLatentGibbs
+
+    model, _, point = _build(per_observation_label, 6)
+    point["mu"] = np.array([-1.0, 1.0])
+    with model:
+        step = RowLatentGibbs([model["z"]], rng=4)
+    logp = model.compile_logp()
+    states = list(itertools.product(range(2), repeat=6))
+    lps = np.array([logp(point | {"z": np.array(s, dtype="int64")}) for s in states])
+    probs = np.exp(lps - lps.max())
+    probs /= probs.sum()
+    n_draws = 3000
+    counts = np.zeros(len(states))
+    current = dict(point)
+    for _ in range(n_draws):
+        current, _ = step.step(current)
+        counts[int(np.dot(current["z"], 2 ** np.arange(5, -1, -1)))] += 1
+    tv = 0.5 * np.abs(counts / n_draws - probs).sum()
+    assert tv <= _tv_bound(probs, n_draws, np.random.default_rng(0)), tv
+
+
 def test_zoo_counts():
     assert len(ACCEPTED) + len(REFUSED) >= 25
 

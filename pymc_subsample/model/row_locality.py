@@ -52,6 +52,7 @@ __all__ = [
     "find_row_mixing",
     "not_local_error",
     "reject_row_mixing",
+    "row_latent_error",
 ]
 
 #: Draws from the prior at which :func:`check_row_locality` checks the terms (with the
@@ -81,16 +82,18 @@ def row_latent_error(names: Sequence[str], point: dict, observed: str) -> ModelS
 
     Such a block is not a parameter of the terms that a subset of rows can
     estimate: each row's term reads its own element. The fix named depends on
-    the block's kind: PyMC's ``CategoricalGibbsMetropolis`` or marginalising it
-    (discrete), NUTS (continuous).
+    the block's kind: :class:`~pymc_subsample.steps.row_latent.RowLatentGibbs`
+    (PyMC's ``CategoricalGibbsMetropolis`` where that refuses) or marginalising
+    it (discrete), NUTS (continuous).
     """
     shapes = ", ".join(f"{n} (shape {np.shape(point[n])})" for n in names)
     discrete = all(np.asarray(point[n]).dtype.kind in "iub" for n in names)
     if discrete:
         fix = (
-            "Draw it with PyMC's exact step, pm.CategoricalGibbsMetropolis([z]) "
-            "(pm.BinaryGibbsMetropolis for a Bernoulli z), and keep this package's steps "
-            "for the parameters; or marginalise it out of the likelihood, e.g. "
+            "Draw it with pymc_subsample.RowLatentGibbs([z]): exact, one pass over the rows "
+            "per value of z, where each element's conditional reads its own row (else "
+            "PyMC's pm.CategoricalGibbsMetropolis([z]), exact and far slower), and keep this "
+            "package's steps for the parameters; or marginalise it out of the likelihood, e.g. "
             "pm.NormalMixture('y', w=w, mu=mu, sigma=sigma, observed=y) instead of "
             "z = pm.Categorical('z', w, shape=N); pm.Normal('y', mu[z], sigma, observed=y) "
             "(pm.Mixture for other components)"
