@@ -182,9 +182,10 @@ def no_gradient_message(names: str, path: GradientPath, feature: str, fix: str) 
     fix : str
         What to do instead.
     """
+    verb = "reach" if "," in names else "reaches"
     return (
         f"RacingMetropolis: {feature} needs the gradient of the likelihood terms in {names}, "
-        f"but {names} reach(es) them only through {path.describe()}: the terms are piecewise "
+        f"but {names} {verb} them only through {path.describe()}: the terms are piecewise "
         f"constant in {names} and their gradient is zero almost everywhere (a threshold, a "
         f"continuous change point). {fix}"
     )
@@ -216,7 +217,8 @@ def refuse_gradient_features(names: str, path: GradientPath, asked: dict) -> Non
     """
     fix = (
         "Leave proposal, control_variates and expand_in unset (or pass proposal='normal'): "
-        f"the step then draws {names} with a random walk on the exact terms"
+        f"the step then draws {names} with a tuned random walk, no gradient and no control "
+        "variates"
     )
     proposal = asked.get("proposal")
     if proposal in ("hmc", "langevin"):

@@ -315,9 +315,10 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             self.race = replace(self.race, bound="exact")
         if self._asked["proposal"] is None:
             warnings.warn(
-                f"RacingMetropolis: {names} reach(es) the likelihood terms only through "
+                f"RacingMetropolis: {names} {'reach' if ',' in names else 'reaches'} the "
+                "likelihood terms only through "
                 f"{path.describe()}, so their gradient is zero almost everywhere; the step "
-                f"draws {names} with a tuned random walk on the exact terms"
+                f"draws {names} with a tuned random walk on the raw terms"
                 + (" (exact decisions: N is small)" if self.bound == "exact" else "")
                 + ", not with HMC, NUTS or control variates (regime reason 'no_gradient': "
                 f"sampler stat regime = {self.regime.code}). Pass proposal='normal' to "
