@@ -158,3 +158,24 @@ def test_proposal_normal_on_a_block_without_a_gradient_is_quiet():
         warnings.simplefilter("error")
         step = RacingMetropolis([model["tau"]], proposal="normal")
     assert step.regime.reason == "no_gradient" and not step.preconditioned
+
+
+def test_an_opaque_threshold_is_found_by_its_zero_gradient():
+    """A threshold inside an OpFromGraph, which the rule does not open: the gradient,
+    zero at the initial point and at prior draws, decides."""
+    from pytensor.compile.builders import OpFromGraph
+
+    a, b = pt.dscalar("a"), pt.dvector("b")
+    step_fn = OpFromGraph([a, b], [pt.switch(b < a, -0.5, 0.5)])
+    model, _ = threshold_model(200)
+    with pm.Model() as opaque:
+        tau = pm.Uniform("tau", -2, 2)
+        x = pm.Data("x", model["x"].get_value())
+        pm.Normal("y", step_fn(tau, x), 1, observed=pm.Data("yd", model["yd"].get_value()))
+    with opaque, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        step = RacingMetropolis([tau])
+    assert step.gradient_path.opaque == ("OpFromGraph",)
+    assert step.regime.reason == "no_gradient" and "zero at the initial point" in (
+        step.gradient_path.describe()
+    )

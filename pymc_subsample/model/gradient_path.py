@@ -22,9 +22,10 @@ enters it along an edge that carries a derivative. Edges that carry none:
 - edges a ``connection_pattern`` declares disconnected.
 
 The block has no useful gradient when the terms are not reached. Operations
-the rule does not open (scans, ``OpFromGraph``) count as differentiable: the
-rule errs towards the gradient methods, and the numerical check
-(:func:`zero_gradient`) decides there.
+the rule does not open (scans, ``OpFromGraph``) count as differentiable and
+are listed (:attr:`GradientPath.opaque`); for those graphs the numerical check
+decides: a gradient of the terms that is exactly zero at the initial point and
+at draws from the prior (:func:`zero_gradient`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytensor.scalar.basic as ps
+from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.traversal import toposort
 from pytensor.raise_op import CheckAndRaise
+from pytensor.scan.op import Scan
 from pytensor.tensor.elemwise import Elemwise
 
 __all__ = [
@@ -71,10 +74,15 @@ class GradientPath:
     cuts : tuple of str
         Where the block's paths lost their derivative, in words (e.g.
         ``"a comparison (lt)"``, ``"floor"``), without repeats.
+    opaque : tuple of str
+        Operations on the reached paths that the rule does not open (a scan,
+        an ``OpFromGraph``): there a derivative is assumed, and
+        :func:`zero_gradient` decides.
     """
 
     connected: bool
     cuts: tuple[str, ...] = ()
+    opaque: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """Return the cuts in words, for a message."""
@@ -126,10 +134,13 @@ def gradient_path(output, wrt: Sequence) -> GradientPath:
     """
     reached = set(wrt)
     cuts: dict[str, None] = {}
+    opaque: dict[str, None] = {}
     for node in toposort([output]):
         hits = [i for i, v in enumerate(node.inputs) if v in reached]
         if not hits:
             continue
+        if isinstance(node.op, OpFromGraph | Scan):
+            opaque.setdefault(type(node.op).__name__)
         live = []
         for i in hits:
             why = _cut(node, i)
@@ -145,7 +156,7 @@ def gradient_path(output, wrt: Sequence) -> GradientPath:
                 cuts.setdefault(f"an operation with a discrete output ({name})")
                 continue
             reached.add(out)
-    return GradientPath(output in reached, tuple(cuts))
+    return GradientPath(output in reached, tuple(cuts), tuple(opaque))
 
 
 def zero_gradient(gradient: Callable[[dict], Sequence[np.ndarray]], points: Sequence[dict]) -> bool:

@@ -33,13 +33,15 @@ from ..mcmc.audit import scores_differ, zero_difference_share
 from ..mcmc.backoff import Backoff
 from ..mcmc.laplace import FlatBlock, LaplaceFit
 from ..mcmc.regime import SMALL_N, FitCheck, Regime
-from ..model.blocks import check_expand_in, continuous_value_vars
+from ..model.blocks import check_expand_in, continuous_value_vars, prior_points
 from ..model.gradient_path import (
     GradientPath,
     block_names,
     gradient_path,
     refuse_gradient_features,
+    zero_gradient,
 )
+from ..model.row_locality import LOCALITY_DRAWS
 from ..options import (
     AuditOptions,
     ProposalOptions,
@@ -71,6 +73,8 @@ _DELTA_WINDOW = 200
 _DELTA_MIN_DECISIONS = 20
 #: Draws between scale updates, at most, of the random walk of a block without a gradient.
 _NO_GRADIENT_TUNE_INTERVAL = 20
+#: Rows on which the terms' gradient is evaluated where the gradient rule cannot decide.
+_GRADIENT_CHECK_ROWS = 1024
 
 
 @dataclass_state
@@ -256,7 +260,7 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         point = self.initial_point
         #: how the block reaches its terms
         #: (:func:`~pymc_subsample.model.gradient_path.gradient_path`)
-        self.gradient_path = gradient_path(self.terms.loglik_graph, self.vars)
+        self.gradient_path = self._find_gradient_path(point)
         self._asked = asked  # the gradient features the user named (refused without a gradient)
         self.proposal = proposal
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
@@ -287,6 +291,37 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         if expand_in or not self._probes_fit or not self._probe_fit(point):
             self._build_fit(expand_in, point)
         self.reset_tuning()
+
+    def _find_gradient_path(self, point: dict) -> GradientPath:
+        """Apply the gradient rule to the terms; where it cannot open an operation, evaluate.
+
+        The graph rule (:func:`~pymc_subsample.model.gradient_path.gradient_path`)
+        decides; on a graph with operations it does not open, a gradient of
+        the terms that is zero (on up to ``_GRADIENT_CHECK_ROWS`` rows) at
+        ``point`` and at draws from the prior says there is no useful gradient
+        too (:func:`~pymc_subsample.model.gradient_path.zero_gradient`).
+        """
+        path = gradient_path(self.terms.loglik_graph, self.vars)
+        if not path.connected or not path.opaque:
+            return path
+        rows = np.arange(min(self.terms.n_obs, _GRADIENT_CHECK_ROWS))
+        points = [point, *prior_points(self.model, LOCALITY_DRAWS, seed=0)]
+
+        def gradient(at):
+            values = [np.asarray(at[v.name]) for v in self.vars]
+            return self.terms.gradient(values, rows, at)[0]
+
+        try:
+            zero = zero_gradient(gradient, points)
+        except (NotImplementedError, TypeError, ValueError):  # no gradient graph at all
+            return path
+        if not zero:
+            return path
+        why = (
+            f"operations the rule does not open ({', '.join(path.opaque)}) whose gradient "
+            "was zero at the initial point and at draws from the prior"
+        )
+        return GradientPath(False, (*path.cuts, why), path.opaque)
 
     def _leave_gradient(self, path: GradientPath) -> None:
         """Draw the block without its gradient: the terms are piecewise constant in it.
