@@ -179,3 +179,18 @@ def test_an_opaque_threshold_is_found_by_its_zero_gradient():
     assert step.regime.reason == "no_gradient" and "zero at the initial point" in (
         step.gradient_path.describe()
     )
+
+
+def test_no_fit_is_made_for_a_block_without_a_gradient():
+    """Not with the default proposal nor with elemwise: no Taylor expansion, no Laplace fit."""
+    from pymc_subsample.options import ProposalOptions
+
+    model, _ = threshold_model(200)
+    for options in (None, ProposalOptions(elemwise=True)):
+        with model, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            step = RacingMetropolis([model["tau"]], proposal_options=options, rng=2)
+        point = model.initial_point()
+        for _ in range(30):
+            point, _ = step.step(point)
+        assert step.expansion is None and step.surrogate is None and not step.fit.failed

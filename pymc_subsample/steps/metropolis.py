@@ -343,7 +343,10 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         self.proposal = "normal"
         self.control_variates = False
         self.preconditioned = False
-        # no Laplace scale to start from: the scale is found by tuning alone, so more often
+        # no Laplace scale to start from (with elemwise too: its per-coordinate scales come
+        # from the fit): the scale starts at 1 and is found by tuning alone, so more often
+        if self.user_scaling is None:
+            self.user_scaling = 1.0
         self.tune_interval = min(self.tune_interval, _NO_GRADIENT_TUNE_INTERVAL)
         self.regime = Regime("normal", False, "no_gradient")
         if self.terms.n_obs <= SMALL_N:
