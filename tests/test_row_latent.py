@@ -88,3 +88,41 @@ def test_row_latent_gibbs_in_pm_sample_with_nuts_for_the_rest():
         )  # fmt: skip
     assert "row_latent_changed" in idata.sample_stats
     assert idata.posterior["z"].shape == (1, 200, 300)
+
+
+def test_a_bernoulli_label_per_row_is_drawn_from_its_exact_conditionals():
+    """Each element's conditional by enumeration of its two values with the joint density
+    (the rest fixed): the step's frequencies within four binomial standard errors."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=5) + 1.0
+    with pm.Model() as model:
+        z = pm.Bernoulli("z", 0.4, shape=5)
+        pm.Normal("y", 2.0 * z, 1, observed=pm.Data("yd", y))
+        step = RowLatentGibbs([z], rng=6)
+    point = model.initial_point()
+    logp = model.compile_logp()
+    exact = []
+    for n in range(5):
+        lp = [logp(point | {"z": np.where(np.arange(5) == n, v, 0).astype("int8")}) for v in (0, 1)]
+        exact.append(1 / (1 + np.exp(lp[0] - lp[1])))
+    n_draws = 3000
+    total = np.zeros(5)
+    current = dict(point)
+    for _ in range(n_draws):
+        current, _ = step.step(current)
+        total += current["z"]
+    exact = np.array(exact)
+    assert np.all(np.abs(total / n_draws - exact) <= 4 * np.sqrt(exact * (1 - exact) / n_draws))
+
+
+def test_racing_metropolis_names_a_continuous_per_row_latent_and_nuts():
+    with pm.Model() as model:
+        z = pm.Normal("z", 0, 1, shape=100)
+        pm.Normal("y", z, 1, observed=pm.Data("yd", np.zeros(100)))
+    with (
+        model,
+        pytest.raises(ModelSplitError, match=r"z \(shape \(100,\)\) is a per-observation.*NUTS"),
+    ):
+        from pymc_subsample import RacingMetropolis
+
+        RacingMetropolis([z])
