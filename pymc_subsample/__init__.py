@@ -12,6 +12,7 @@ from .racing import RaceResult, race, sample_categorical
 from .steps.gibbs import SubsampledCategoricalGibbs
 from .steps.metropolis import RacingMetropolis
 from .steps.pliable import PliableRejection
+from .steps.row_latent import RowLatentGibbs
 
 __version__ = "0.1.0.dev0"
 
@@ -21,6 +22,7 @@ __all__ = [
     "PliableRejection",
     "RaceResult",
     "RacingMetropolis",
+    "RowLatentGibbs",
     "SubsampledCategoricalGibbs",
     "__version__",
     "compare_runs",

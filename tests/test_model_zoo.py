@@ -279,6 +279,27 @@ def observed_of_different_lengths(d, n):
     return {"gibbs": "q", "mh": "mu"}
 
 
+def threshold_switch(d, n):
+    """A continuous threshold entering through a comparison only: no useful gradient."""
+    q = pm.Categorical("q", np.ones(3) / 3)
+    tau = pm.Uniform("tau", -2, 2)
+    x = d["rng"].uniform(-2, 2, n)
+    y = np.where(x < 0.3, -0.5, 0.5) + d["rng"].normal(size=n)
+    mean = pt.switch(pm.Data("xs", x) < tau, -0.5, 0.5) + pt.as_tensor([0.0, 0.1, 0.2])[q]
+    pm.Normal("y", mean, 1, observed=pm.Data("yd", y))
+    return {"gibbs": "q", "mh": "tau_interval__"}
+
+
+def change_point_continuous(d, n):
+    """A continuous change point in a Poisson rate (the switch's condition): no gradient."""
+    q = pm.Categorical("q", np.ones(3) / 3)
+    tau = pm.Uniform("tau", 0, n)
+    y = d["rng"].poisson(np.where(d["t"] < 0.4 * n, 2.0, 5.0))
+    late = pt.as_tensor([4.5, 5.0, 5.5])[q]
+    pm.Poisson("y", pt.switch(pm.Data("t", d["t"]) < tau, 2.0, late), observed=pm.Data("yd", y))
+    return {"gibbs": "q", "mh": "tau_interval__"}
+
+
 ACCEPTED = [
     normal_grid,
     linear_regression_discrete_scale,
@@ -304,6 +325,8 @@ ACCEPTED = [
     binomial_latent_scale,
     several_data_columns_robust,
     observed_of_different_lengths,
+    threshold_switch,
+    change_point_continuous,
 ]
 
 
@@ -340,6 +363,14 @@ def per_observation_latent(d, n):
     z = pm.Normal("z", 0, 1, shape=n)
     pm.Normal("y", mu + z + 0.1 * q, 1, observed=pm.Data("yd", d["x"]))
     return {"gibbs": "q", "mh": "mu"}
+
+
+def per_observation_label(d, n):
+    """A mixture with one discrete label per row, the label as the Gibbs block."""
+    mu = pm.Normal("mu", 0, 3, shape=2)
+    z = pm.Categorical("z", np.array([0.3, 0.7]), shape=n)
+    pm.Normal("y", mu[z], 1, observed=pm.Data("yd", d["x"]))
+    return {"gibbs": "z", "mh": "mu"}
 
 
 def centred_on_the_data_mean(d, n):
@@ -408,6 +439,7 @@ REFUSED = {
     ar_distribution: r"nothing to subsample",
     random_walk_mean: r"cumulative sum",
     per_observation_latent: r"latent variable",
+    per_observation_label: r"per-observation latent",
     centred_on_the_data_mean: r"reduction",
 }
 
@@ -508,6 +540,8 @@ METROPOLIS_DEFAULT = {
     censored,
     student_t,
     change_point_discrete_uniform,
+    threshold_switch,
+    change_point_continuous,
 }
 
 
@@ -571,6 +605,31 @@ def test_zoo_model_is_refused_with_the_reason(builder):
             SubsampledCategoricalGibbs([model[spec["gibbs"]]])
         with pytest.raises(ModelSplitError, match=REFUSED[builder]):
             RacingMetropolis([model[spec["mh"]]])
+
+
+def test_zoo_per_row_label_is_drawn_exactly_by_row_latent_gibbs():
+    """The label refused above, drawn by RowLatentGibbs: joint enumeration at N = 6 (64 values)."""
+    import itertools
+
+    from pymc_subsample import RowLatentGibbs
+
+    model, _, point = _build(per_observation_label, 6)
+    point["mu"] = np.array([-1.0, 1.0])
+    with model:
+        step = RowLatentGibbs([model["z"]], rng=4)
+    logp = model.compile_logp()
+    states = list(itertools.product(range(2), repeat=6))
+    lps = np.array([logp(point | {"z": np.array(s, dtype="int64")}) for s in states])
+    probs = np.exp(lps - lps.max())
+    probs /= probs.sum()
+    n_draws = 3000
+    counts = np.zeros(len(states))
+    current = dict(point)
+    for _ in range(n_draws):
+        current, _ = step.step(current)
+        counts[int(np.dot(current["z"], 2 ** np.arange(5, -1, -1)))] += 1
+    tv = 0.5 * np.abs(counts / n_draws - probs).sum()
+    assert tv <= _tv_bound(probs, n_draws, np.random.default_rng(0)), tv
 
 
 def test_zoo_counts():

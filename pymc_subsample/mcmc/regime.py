@@ -51,8 +51,10 @@ __all__ = [
 #: Reasons, by the code the ``regime`` stat reports: the proposal as chosen; a
 #: preconditioned random walk after the exact test rejected the HMC proposal in tuning;
 #: a plain random walk because the surrogate could not be fitted; PyMC's NUTS on the
-#: exact log density because the surrogate fits poorly where subsampling cannot pay.
-REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate", "poor_fit")
+#: exact log density because the surrogate fits poorly where subsampling cannot pay; a
+#: plain random walk on the raw terms because the block reaches them only through
+#: operations without a derivative (:mod:`~pymc_subsample.model.gradient_path`).
+REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate", "poor_fit", "no_gradient")
 
 #: Tuning decisions a :class:`FitCheck` judges: the last ones, and the fewest it judges.
 FIT_WINDOW = 100

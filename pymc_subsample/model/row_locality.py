@@ -45,12 +45,14 @@ __all__ = [
     "LAG_FIX",
     "LOCALITY_DRAWS",
     "LOCALITY_ROWS",
+    "ROW_LATENT_DOC",
     "RowMixing",
     "check_row_locality",
     "equivariance_failure",
     "find_row_mixing",
     "not_local_error",
     "reject_row_mixing",
+    "row_latent_error",
 ]
 
 #: Draws from the prior at which :func:`check_row_locality` checks the terms (with the
@@ -69,6 +71,41 @@ LAG_FIX = (
     "(as the ARCH example does), or update this block with an exact PyMC step (NUTS, "
     "CategoricalGibbsMetropolis)"
 )
+
+
+#: Where the refusal of a per-observation latent block points for the snippets.
+ROW_LATENT_DOC = "docs/howto/accepted_models.md, 'A per-observation latent as the block'"
+
+
+def row_latent_error(names: Sequence[str], point: dict, observed: str) -> ModelSplitError:
+    """Return the refusal of a block with one value per observation (a per-row latent).
+
+    Such a block is not a parameter of the terms that a subset of rows can
+    estimate: each row's term reads its own element. The fix named depends on
+    the block's kind: :class:`~pymc_subsample.steps.row_latent.RowLatentGibbs`
+    (PyMC's ``CategoricalGibbsMetropolis`` where that refuses) or marginalising
+    it (discrete), NUTS (continuous).
+    """
+    shapes = ", ".join(f"{n} (shape {np.shape(point[n])})" for n in names)
+    discrete = all(np.asarray(point[n]).dtype.kind in "iub" for n in names)
+    if discrete:
+        fix = (
+            "Draw it with pymc_subsample.RowLatentGibbs([z]): exact, one pass over the rows "
+            "per value of z, where each element's conditional reads its own row (else "
+            "PyMC's pm.CategoricalGibbsMetropolis([z]), exact and far slower), and keep this "
+            "package's steps for the parameters; or marginalise it out of the likelihood, e.g. "
+            "pm.NormalMixture('y', w=w, mu=mu, sigma=sigma, observed=y) instead of "
+            "z = pm.Categorical('z', w, shape=N); pm.Normal('y', mu[z], sigma, observed=y) "
+            "(pm.Mixture for other components)"
+        )
+    else:
+        fix = "Draw it with PyMC's NUTS and keep this package's steps for the parameters"
+    return ModelSplitError(
+        f"the block {shapes} is a per-observation latent variable: it has one value per "
+        f"observation of {observed}, and term n reads element n of it. A subset of rows "
+        "estimates a sum of terms over parameters shared by all rows, not a value per row, "
+        f"so this block cannot be subsampled. {fix}. See {ROW_LATENT_DOC}"
+    )
 
 
 @dataclass(frozen=True)
@@ -489,16 +526,25 @@ def not_local_error(
     graph: Variable,
     data: Sequence,
     indexed: Sequence[str],
+    block_vars: Sequence[str] = (),
 ) -> ModelSplitError:
     """Return the refusal of terms that are not row-local, naming the likely cause and fix.
 
-    Per-observation latent variables (an input of ``point`` with one of
-    ``counts`` rows) are named first; else the graph's unverified operations
+    A block with one value per observation (one of ``block_vars`` with one of
+    ``counts`` rows: :func:`row_latent_error`) is named first; then other
+    per-observation latent variables (an input of ``point`` with one of
+    ``counts`` rows); else the graph's unverified operations
     (``mixing``) and the shared inputs of ``graph`` read whole (not in
     ``data``).
     """
-    latent = [n for n in input_names if np.ndim(point[n]) >= 1 and np.shape(point[n])[0] in counts]
+
+    def per_row(n: str) -> bool:
+        return np.ndim(point[n]) >= 1 and np.shape(point[n])[0] in counts
+
     names = ", ".join(observed)
+    if any(per_row(n) for n in block_vars):
+        return row_latent_error([n for n in block_vars if per_row(n)], point, names)
+    latent = [n for n in input_names if per_row(n)]
     if latent:
         return ModelSplitError(
             f"the likelihood of {names} depends on per-observation "

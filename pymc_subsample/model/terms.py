@@ -319,6 +319,7 @@ class ObservationTerms(TermRows):
                 graph=self.loglik_graph,
                 data=self.data,
                 indexed=[d.name for d in (self._union.watched() if self._union else self.data)],
+                block_vars=[v.name for v in self.vars],
             )
 
         points = [point, *prior_points(self.model, LOCALITY_DRAWS, seed=0)]

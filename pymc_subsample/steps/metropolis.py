@@ -21,6 +21,7 @@ in :mod:`~pymc_subsample.steps.nuts_regime`.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import replace
 
@@ -31,8 +32,16 @@ from ..mcmc.adaptation import HMCAdaptationState
 from ..mcmc.audit import scores_differ, zero_difference_share
 from ..mcmc.backoff import Backoff
 from ..mcmc.laplace import FlatBlock, LaplaceFit
-from ..mcmc.regime import FitCheck, Regime
-from ..model.blocks import check_expand_in, continuous_value_vars
+from ..mcmc.regime import SMALL_N, FitCheck, Regime
+from ..model.blocks import check_expand_in, continuous_value_vars, prior_points
+from ..model.gradient_path import (
+    GradientPath,
+    block_names,
+    gradient_path,
+    refuse_gradient_features,
+    zero_gradient,
+)
+from ..model.row_locality import LOCALITY_DRAWS
 from ..options import (
     AuditOptions,
     ProposalOptions,
@@ -62,6 +71,10 @@ PROPOSALS = ("hmc", "normal", "langevin")
 #: and the fewest that do.
 _DELTA_WINDOW = 200
 _DELTA_MIN_DECISIONS = 20
+#: Draws between scale updates, at most, of the random walk of a block without a gradient.
+_NO_GRADIENT_TUNE_INTERVAL = 20
+#: Rows on which the terms' gradient is evaluated where the gradient rule cannot decide.
+_GRADIENT_CHECK_ROWS = 1024
 
 
 @dataclass_state
@@ -128,10 +141,17 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         (:class:`~pymc_subsample.options.AuditOptions`).
     proposal_options : ProposalOptions, optional
         The proposals' tuning (:class:`~pymc_subsample.options.ProposalOptions`).
-    control_variates : bool
-        Race on the residuals :math:`l_n - h_n` (default); if the terms are not
+    control_variates : bool, optional
+        Race on the residuals :math:`l_n - h_n` (the default); if the terms are not
         finite on the stencil, the step warns and races on the raw terms with a
-        random walk.
+        random walk. A block that reaches its terms only through operations
+        without a derivative (a comparison, a switch's condition, ``floor``,
+        ``round``, ``sign``: :mod:`~pymc_subsample.model.gradient_path`) has a
+        zero gradient almost everywhere: the step then draws it with a tuned
+        random walk on the raw terms (exact decisions up to
+        :data:`~pymc_subsample.mcmc.regime.SMALL_N` observations), and refuses
+        ``proposal="hmc"`` or ``"langevin"``, ``control_variates=True`` and
+        ``expand_in`` when passed.
     expand_in : sequence of str, optional
         Deterministics :math:`\phi(\theta)` of the block in which the control
         variates expand the terms instead of :math:`\theta`. Requires
@@ -176,7 +196,7 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         race: RaceOptions | None = None,
         audit: AuditOptions | None = None,
         proposal_options: ProposalOptions | None = None,
-        control_variates: bool = True,
+        control_variates: bool | None = None,
         expand_in=None,
         model=None,
         rng=None,
@@ -208,6 +228,9 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             exact_fraction=0.25 if race.exact_fraction == "auto" else race.exact_fraction,
         )
         elemwise = proposal_options.elemwise
+        asked = {"proposal": proposal, "control_variates": control_variates, "expand_in": expand_in}
+        if control_variates is None:
+            control_variates = True
         control_variates = check_bool("control_variates", control_variates)
         check_choice("proposal", proposal, (*PROPOSALS, None))
         if proposal is None:
@@ -235,6 +258,10 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             blocked=blocked,
         )
         point = self.initial_point
+        #: how the block reaches its terms
+        #: (:func:`~pymc_subsample.model.gradient_path.gradient_path`)
+        self.gradient_path = self._find_gradient_path(point)
+        self._asked = asked  # the gradient features the user named (refused without a gradient)
         self.proposal = proposal
         self._shapes = [np.shape(point[v.name]) for v in self.vars]
         self._sizes = [int(np.prod(s)) for s in self._shapes]
@@ -259,9 +286,84 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         #: the surrogate's fit (None when a poor fit at construction started the step in NUTS)
         self.fit: LaplaceFit | None = None
         self._coordinates, self._expansion, self._coordinate_expansion = [], None, None
+        if not self.gradient_path.connected:
+            self._leave_gradient(self.gradient_path)
         if expand_in or not self._probes_fit or not self._probe_fit(point):
             self._build_fit(expand_in, point)
         self.reset_tuning()
+
+    def _find_gradient_path(self, point: dict) -> GradientPath:
+        """Apply the gradient rule to the terms; where it cannot open an operation, evaluate.
+
+        The graph rule (:func:`~pymc_subsample.model.gradient_path.gradient_path`)
+        decides; on a graph with operations it does not open, a gradient of
+        the terms that is zero (on up to ``_GRADIENT_CHECK_ROWS`` rows) at
+        ``point`` and at draws from the prior says there is no useful gradient
+        too (:func:`~pymc_subsample.model.gradient_path.zero_gradient`).
+        """
+        path = gradient_path(self.terms.loglik_graph, self.vars)
+        if not path.connected or not path.opaque:
+            return path
+        rows = np.arange(min(self.terms.n_obs, _GRADIENT_CHECK_ROWS))
+        points = [point, *prior_points(self.model, LOCALITY_DRAWS, seed=0)]
+
+        def gradient(at):
+            values = [np.asarray(at[v.name]) for v in self.vars]
+            return self.terms.gradient(values, rows, at)[0]
+
+        try:
+            zero = zero_gradient(gradient, points)
+        except (NotImplementedError, TypeError, ValueError):  # no gradient graph at all
+            return path
+        if not zero:
+            return path
+        why = (
+            f"operations the rule does not open ({', '.join(path.opaque)}) whose gradient "
+            "was zero at the initial point and at draws from the prior"
+        )
+        return GradientPath(False, (*path.cuts, why), path.opaque)
+
+    def _leave_gradient(self, path: GradientPath) -> None:
+        """Draw the block without its gradient: the terms are piecewise constant in it.
+
+        Refuses the gradient features the user asked for (a ``ValueError``
+        naming the block, the feature and the fix); otherwise the step runs a
+        random walk on the raw terms, isotropic and tuned (no control variates,
+        no Laplace fit, no probe, no NUTS; its scale tuned every
+        ``_NO_GRADIENT_TUNE_INTERVAL`` draws at most), with exact decisions up to
+        :data:`~pymc_subsample.mcmc.regime.SMALL_N` observations (a full pass
+        is cheap, and the per-row differences of a move are zero but for the
+        rows it crosses, so races read most rows anyway). Warns once when the
+        default proposal was left; the ``regime`` stat reports reason
+        ``"no_gradient"`` at every draw.
+        """
+        names = block_names(self.model, self.vars)
+        refuse_gradient_features(names, path, self._asked)
+        self.gradient_path = path
+        self.proposal = "normal"
+        self.control_variates = False
+        self.preconditioned = False
+        # no Laplace scale to start from (with elemwise too: its per-coordinate scales come
+        # from the fit): the scale starts at 1 and is found by tuning alone, so more often
+        if self.user_scaling is None:
+            self.user_scaling = 1.0
+        self.tune_interval = min(self.tune_interval, _NO_GRADIENT_TUNE_INTERVAL)
+        self.regime = Regime("normal", False, "no_gradient")
+        if self.terms.n_obs <= SMALL_N:
+            self.race = replace(self.race, bound="exact")
+        if self._asked["proposal"] is None:
+            warnings.warn(
+                f"RacingMetropolis: {names} {'reach' if ',' in names else 'reaches'} the "
+                "likelihood terms only through "
+                f"{path.describe()}, so their gradient is zero almost everywhere; the step "
+                f"draws {names} with a tuned random walk on the raw terms"
+                + (" (exact decisions: N is small)" if self.bound == "exact" else "")
+                + ", not with HMC, NUTS or control variates (regime reason 'no_gradient': "
+                f"sampler stat regime = {self.regime.code}). Pass proposal='normal' to "
+                "silence this",
+                UserWarning,
+                stacklevel=4,
+            )
 
     # -- per-chain state -------------------------------------------------------------
 

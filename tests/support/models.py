@@ -15,7 +15,13 @@ same posterior from the same data:
   (:func:`correlated_logistic_data`, the same :func:`logistic_model`);
 - a hierarchical regression with group intercepts,
   :math:`\alpha_g \sim N(\mu_\alpha, \tau^2)`, :math:`y_n \sim N(\alpha_{g_n} +
-  x_n^\top b, \sigma^2)` (:func:`hierarchical_data`, :func:`hierarchical_model`).
+  x_n^\top b, \sigma^2)` (:func:`hierarchical_data`, :func:`hierarchical_model`);
+- two models whose parameter has no useful gradient, with their exact
+  posterior (:func:`step_posterior`): a threshold,
+  :math:`y_n \sim N(\mathrm{switch}(x_n < \tau, -1/2, 1/2), 1)`
+  (:func:`threshold_model`), and a continuous change point,
+  :math:`y_t \sim \mathrm{Poisson}(\mathrm{switch}(t < \tau, \lambda_1, \lambda_2))`
+  (:func:`change_point_model`), each with :math:`\tau` uniform.
 
 The design :math:`x` is standard normal; by default it has four covariates
 and the true coefficients are :data:`TRUE_A` and :data:`TRUE_BETA`. Both
@@ -30,14 +36,17 @@ __all__ = [
     "COEFS",
     "TRUE_A",
     "TRUE_BETA",
+    "change_point_model",
     "correlated_logistic_data",
     "hierarchical_data",
     "hierarchical_model",
     "logistic_data",
     "logistic_model",
+    "step_posterior",
     "studentt_data",
     "studentt_model",
     "studentt_nu_model",
+    "threshold_model",
 ]
 
 #: True intercept of the simulated data.
@@ -321,3 +330,100 @@ def hierarchical_model(x: np.ndarray, g: np.ndarray, y: np.ndarray, groups: int 
         sigma = pm.HalfNormal("sigma", 1)
         pm.Normal("y", alpha[g_data] + x_data @ b, sigma, observed=y_data)
     return model
+
+
+def threshold_model(n_obs: int, seed: int = 0, tau: float = 0.3):
+    r"""A threshold model whose parameter enters through a comparison only, and its data.
+
+    :math:`x_n \sim U(-2, 2)`, :math:`y_n \sim N(\mathrm{switch}(x_n < \tau, -1/2, 1/2), 1)`
+    (true :math:`\tau` = ``tau``), prior :math:`\tau \sim U(-2, 2)`: the terms are
+    piecewise constant in :math:`\tau`.
+
+    Returns
+    -------
+    model : pymc.Model
+        With data ``x`` and ``yd`` and the free variable ``tau``.
+    reference : dict
+        The arguments of :func:`step_posterior` for the exact posterior of :math:`\tau`.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-2, 2, n_obs)
+    y = np.where(x < tau, -0.5, 0.5) + rng.normal(size=n_obs)
+    with pm.Model() as model:
+        t = pm.Uniform("tau", -2, 2)
+        mean = pt.switch(pm.Data("x", x) < t, -0.5, 0.5)
+        pm.Normal("y", mean, 1, observed=pm.Data("yd", y))
+    below, above = -0.5 * (y + 0.5) ** 2, -0.5 * (y - 0.5) ** 2
+    return model, {"x": x, "below": below, "above": above, "lower": -2.0, "upper": 2.0}
+
+
+def change_point_model(n_obs: int, seed: int = 0, rates=(3.0, 3.6)):
+    r"""A Poisson series with a continuous change point, and its data.
+
+    :math:`y_t \sim \mathrm{Poisson}(\mathrm{switch}(t < \tau, \lambda_1, \lambda_2))`
+    for :math:`t = 0, \dots, N - 1`, the true change at :math:`0.4 N`, prior
+    :math:`\tau \sim U(0, N)`; the rates are known.
+
+    Returns
+    -------
+    model : pymc.Model
+        With data ``t`` and ``yd`` and the free variable ``tau``.
+    reference : dict
+        The arguments of :func:`step_posterior` for the exact posterior of :math:`\tau`.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(n_obs, dtype=float)
+    early, late = rates
+    y = rng.poisson(np.where(t < 0.4 * n_obs, early, late))
+    with pm.Model() as model:
+        tau = pm.Uniform("tau", 0, n_obs)
+        rate = pt.switch(pm.Data("t", t) < tau, early, late)
+        pm.Poisson("y", rate, observed=pm.Data("yd", y))
+    below, above = y * np.log(early) - early, y * np.log(late) - late  # up to log y!
+    return model, {"x": t, "below": below, "above": above, "lower": 0.0, "upper": float(n_obs)}
+
+
+def step_posterior(
+    x: np.ndarray, below: np.ndarray, above: np.ndarray, lower: float, upper: float
+) -> tuple[float, float, float]:
+    r"""Exact posterior moments of a threshold :math:`\tau \sim U(a, b)` whose terms step at data.
+
+    Term :math:`n` is ``below[n]`` when :math:`x_n < \tau` and ``above[n]``
+    otherwise, so the log likelihood is constant on each interval
+    :math:`(x_{(k)}, x_{(k+1)})` between sorted data (and the bounds):
+    :math:`L_k = \sum_{i \le k} b_{(i)} + \sum_{i > k} a_{(i)}`, by cumulative sums.
+    The posterior is the mixture of the uniforms on those intervals with weights
+    :math:`\propto e^{L_k} (x_{(k+1)} - x_{(k)})`, whose moments are exact:
+    :math:`E[\tau^j] = \sum_k w_k (r_k^{j+1} - l_k^{j+1}) / ((j+1)(r_k - l_k))`.
+
+    Returns
+    -------
+    mean, sd, kurtosis : float
+        :math:`E\tau`, :math:`\mathrm{sd}\,\tau` and :math:`E(\tau - E\tau)^4 / \mathrm{sd}^4`.
+    """
+    order = np.argsort(x, kind="stable")
+    xs, b_s, a_s = x[order], below[order], above[order]
+    edges = np.concatenate([[lower], xs, [upper]])
+    log_lik = np.concatenate([[0.0], np.cumsum(b_s)]) + np.concatenate(
+        [np.cumsum(a_s[::-1])[::-1], [0.0]]
+    )
+    width = np.diff(edges)
+    keep = width > 0
+    left, right, log_lik = edges[:-1][keep], edges[1:][keep], log_lik[keep]
+    w = np.exp(log_lik - log_lik.max()) * width[keep]
+    w /= w.sum()
+
+    def moment(j, lo, hi):  # E[u^j] under the mixture of uniforms on (lo, hi)
+        return w @ ((hi ** (j + 1) - lo ** (j + 1)) / ((j + 1) * (hi - lo)))
+
+    mean = moment(1, left, right)
+    # central moments: the same integrals with the intervals shifted by the mean
+    var = moment(2, left - mean, right - mean)
+    fourth = moment(4, left - mean, right - mean)
+    return float(mean), float(np.sqrt(var)), float(fourth / var**2)
