@@ -437,10 +437,10 @@ def test_compiled_step_audits_its_races(large_selector):
     with pytest.warns(UserWarning, match="audited decisions differed"):
         _, st = draw_many(step, point, 50, "q")
     # the race's own value is exact but for about delta of the draws: then the shifted
-    # one may happen to be right; a few dozen wrong audits (after 300 right ones) switch
-    # to exact draws
+    # one may happen to be right; a few wrong audits (after 300 right ones) switch to
+    # exact draws, one when the value chosen has exact probability below 1e-12
     switched = next(i for i, s in enumerate(st) if s["audit_exact"])
-    assert 3 <= switched <= 40 and sum(s["audit_agree"] == 0 for s in st[:switched]) >= 3
+    assert 1 <= switched <= 40 and sum(s["audit_agree"] == 0 for s in st[:switched]) >= 1
     assert all(s["n_raced"] == 0 for s in st[switched:])
 
 

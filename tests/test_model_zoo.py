@@ -588,7 +588,7 @@ def test_zoo_support_bounded_by_the_block_is_right_at_scale_without_audits(build
     model, spec, point = _build(builder, 20_000)
     off = AuditOptions(every=0)
     step = check_gibbs(model, spec["gibbs"], point, 400, None, audit=off)
-    assert step.row_support.mode == "bounds" and not step.decides_exactly
+    assert step.row_support.mode == "bounds" and not step._support_exact
     if "mh" in spec:
         point = point | {
             k: np.asarray(v, dtype=point[k].dtype) for k, v in spec["mh_point"].items()
