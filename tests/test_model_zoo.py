@@ -567,7 +567,7 @@ def test_zoo_model_is_drawn_right_by_racing_metropolis(builder):
 
 #: Models drawn at N = 20,000 with the steps' defaults in the default run (where races,
 #: not exact passes, make most decisions): one per kind of difficulty, the rest slow.
-AT_SCALE_DEFAULT = {normal_grid, poisson_offset, change_point_discrete_uniform, student_t}
+AT_SCALE_DEFAULT = {normal_grid, poisson_offset, linear_regression_discrete_scale, student_t}
 
 
 @pytest.mark.parametrize(
