@@ -139,7 +139,7 @@ class OutOfCorePlaceholder(Op):
         """Never fold: the placeholder has no value to fold."""
         return False
 
-    def infer_shape(self, fgraph, node, shapes):
+    def infer_shape(self, node, shapes):
         """Return the shape: the shared number of rows, then the row shape (no rows read)."""
         return [(node.inputs[0], *(pt.constant(s, dtype="int64") for s in self.shape[1:]))]
 

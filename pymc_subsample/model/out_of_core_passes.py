@@ -187,12 +187,17 @@ def _delayed_blocks(arrays: Sequence) -> list[list]:
 
 def _compute(tasks: list, progress: bool) -> list:
     """Compute ``tasks`` on the client, showing progress for long passes when asked."""
+    from distributed import wait
+
     dask_client = client()
     futures = dask_client.compute(tasks)
     if progress and len(tasks) >= PROGRESS_CHUNKS:
         from distributed import progress as show
 
         show(futures)
+    # every task finished (or failed) before the results are read: a failed pass leaves no
+    # task still writing behind it (the permuted copy is then removed whole)
+    wait(futures)
     return dask_client.gather(futures)
 
 
