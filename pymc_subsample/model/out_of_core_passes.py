@@ -231,7 +231,10 @@ def _sum_chunk(fn, index: int, crcs, cands, others, *blocks) -> np.ndarray:
     for k, b in enumerate(blocks):
         if crcs is not None and _chunk_crc(b) != crcs[k]:
             return ("changed", index, k)
-    rows = [np.ascontiguousarray(b) for b in blocks]
+    rows = [np.require(b, requirements=["A", "C"]) for b in blocks]
+    # arrays sent to another process may arrive unaligned (pickled buffers): PyTensor refuses
+    cands = [np.require(c, requirements=["A", "C"]) for c in cands]
+    others = [np.require(o, requirements=["A", "C"]) for o in others]
     out = fn(*cands, *rows, *others)
     if isinstance(out, list | tuple):
         return [np.asarray(o, dtype=np.float64) for o in out]
