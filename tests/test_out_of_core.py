@@ -333,3 +333,51 @@ def test_peak_memory_far_below_the_data(cluster, tmp_path):
     data_bytes = n * (3 * 4 + 1)
     print(f"peak RSS growth {grown / 2**20:.1f} MiB for {data_bytes / 2**20:.1f} MiB of data")
     assert grown < data_bytes  # in memory: the data and the copy, at least twice this
+
+
+def test_xarray_source_with_dims(cluster, tmp_path):
+    xr = pytest.importorskip("xarray")
+    x, y = logistic_data(2000)
+    group = write_group(tmp_path / "x.zarr", chunk=500, X=x, y=y)
+    source = xr.DataArray(da.from_zarr(group["X"]), dims=("obs", "feat"))
+    with pm.Model(coords={"feat": ["a", "b", "c"]}) as model:
+        copy_store = str(tmp_path / "copies.zarr")  # a Dask source has no store of its own
+        X = pms.Data("X", source, dims=("obs", "feat"), copy_store=copy_store)  # noqa: N806
+        b = pm.Normal("b", 0, 1, dims="feat")
+        pm.Bernoulli("y", logit_p=X @ b, observed=pms.Data("yy", group["y"], dims="obs"))
+        with pytest.raises(ModelSplitError, match=r"\['X'\] are Dask arrays not stored in zarr"):
+            pms.RacingMetropolis([b], race=RaceOptions(batches="random"))
+        step = pms.RacingMetropolis([b], race=RaceOptions(batches="windows", batch_size=500))
+    assert os.listdir(os.path.join(copy_store, "pymc_subsample_permuted"))
+    assert model.named_vars_to_dims["X"] == ("obs", "feat")
+    assert len(model.coords["obs"] or ()) in (0, 2000) and step.terms.n_obs == 2000
+    exact = step.terms.loglik_sum([np.array([[0.5, -1.0, 0.25]])], model.initial_point())
+    eta = x.astype("f8") @ np.array([0.5, -1.0, 0.25])
+    np.testing.assert_allclose(exact, [np.sum(y * eta - np.logaddexp(0, eta))], rtol=1e-10)
+
+
+@pytest.mark.slow
+def test_worker_processes_compile_the_pass_function(tmp_path):
+    """Worker processes receive the pass function as its graph and compile it there."""
+    x, y = logistic_data(2000)
+    group = write_group(tmp_path / "w.zarr", chunk=500, X=x, y=y)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as lc,
+        distributed.Client(lc) as client,
+    ):
+        out_of_core_passes.use_client(client)
+        try:
+            with pm.Model() as model:
+                b = pm.Normal("b", 0, 1, shape=3)
+                X = pms.Data("X", group["X"])  # noqa: N806
+                pm.Bernoulli("obs", logit_p=X @ b, observed=pms.Data("y", group["y"]))
+                step = pms.RacingMetropolis([b], race=RaceOptions(batches="windows"))
+            beta = np.array([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0]])
+            sums = step.terms.loglik_sum([beta], model.initial_point())
+        finally:
+            out_of_core_passes.use_client(None)
+    eta = x.astype("f8") @ beta.T
+    expected = np.sum(y[:, None] * eta - np.logaddexp(0, eta), axis=0)
+    np.testing.assert_allclose(sums, expected, rtol=1e-10)
