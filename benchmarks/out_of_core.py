@@ -15,6 +15,8 @@ end. Methods (``--methods``):
   ``batches="windows"``; the time to the first draw includes the one-time
   passes (scan, the row-permuted copy unless a complete one is in the store,
   the Laplace fit) and compilation.
+* ``in_memory``: the same step on ``pm.Data`` (every row read into memory:
+  only where the data fit), for the time per draw against ``ours``.
 * ``reference``: the exact posterior's Laplace approximation, Newton's method
   with every gradient and Hessian a Dask reduction over the chunks (at large N
   the posterior is Gaussian to within Monte Carlo error of these runs); the
@@ -183,7 +185,7 @@ def laplace(loglik: DaskLogLik, d: int, iters: int = 30):
 # -- methods -----------------------------------------------------------------------------------
 
 
-def run_ours(args, path: str) -> dict:
+def run_ours(args, path: str, in_memory: bool = False) -> dict:
     import warnings
 
     import pymc as pm
@@ -192,12 +194,16 @@ def run_ours(args, path: str) -> dict:
     import pymc_subsample as pms
     from pymc_subsample.options import RaceOptions
 
-    client = _client(args.workers)
+    client = None if in_memory else _client(args.workers)
     group = zarr.open_group(path, mode="r")
     start = time.perf_counter()
     with pm.Model():
-        x = pms.Data("X", group["X"])
-        y = pms.Data("y", group["y"])
+        if in_memory:  # the same step on pm.Data: every row read into memory
+            x = pm.Data("X", group["X"][:])
+            y = pm.Data("y", group["y"][:])
+        else:
+            x = pms.Data("X", group["X"])
+            y = pms.Data("y", group["y"])
         beta = pm.Normal("beta", 0, 1, shape=args.d)
         pm.Bernoulli("obs", logit_p=x @ beta, observed=y)
         step = pms.RacingMetropolis([beta], race=RaceOptions(batches="windows"), rng=0)
@@ -227,7 +233,8 @@ def run_ours(args, path: str) -> dict:
         "sampling_s": seconds,
         "draws": draws.tolist(),
         "frac_evals": float(stats["frac_evals"].mean()) if "frac_evals" in stats else None,
-        "workers_rss": _worker_rss(client),
+        "draw_ms": 1e3 * seconds / (args.tune + args.draws),
+        **({} if client is None else {"workers_rss": _worker_rss(client)}),
     }
 
 
@@ -368,7 +375,7 @@ def run_nuts_subsample(args, path: str) -> dict:
     }
 
 
-METHODS = ("reference", "ours", "nuts_dask", "mh_dask", "nuts_subsample")
+METHODS = ("reference", "ours", "in_memory", "nuts_dask", "mh_dask", "nuts_subsample")
 
 
 def child(args) -> None:
@@ -377,6 +384,8 @@ def child(args) -> None:
         out = run_reference(args, path)
     elif args.child == "ours":
         out = run_ours(args, path)
+    elif args.child == "in_memory":
+        out = run_ours(args, path, in_memory=True)
     elif args.child == "nuts_dask":
         out = run_nuts_dask(args, path)
     elif args.child == "mh_dask":
@@ -399,7 +408,8 @@ def summarize(name: str, out: dict, ref: dict) -> dict:
         row["ess_per_s"] = float(ess.min() / out["sampling_s"])
         row["max_mean_err_sd"] = float(np.max(np.abs(draws.mean(0) - ref["mean"]) / sd_ref))
         row["sd_ratio"] = float(np.median(draws.std(0) / sd_ref))
-    for key in ("first_draw_s", "build_s", "sampling_s", "seconds", "read_s", "frac_evals"):
+    keys = ("first_draw_s", "build_s", "sampling_s", "seconds", "read_s", "frac_evals", "draw_ms")
+    for key in keys:
         if out.get(key) is not None:
             row[key] = out[key]
     return row
