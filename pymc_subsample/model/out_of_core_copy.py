@@ -221,7 +221,12 @@ def permuted_copy(
             group.attrs["complete"] = True
             final = os.path.join(store, path)
             os.makedirs(os.path.dirname(final), exist_ok=True)
-            os.replace(os.path.join(store, tmp), final)
+            try:
+                os.replace(os.path.join(store, tmp), final)
+            except OSError:  # another run renamed its complete copy into place first
+                if _open_complete(store, path, names) is None:
+                    raise
+                _remove(store, tmp, local)
         else:  # stores that cannot rename: the copy is written in place, marked last
             return _write_marked(store, path, tmp, names)
     except BaseException:
