@@ -26,15 +26,18 @@ __all__ = ["OutOfCoreRows"]
 HEAD_ROWS = 4096
 #: Largest data (bytes) that :meth:`OutOfCoreRows.all_rows` reads into memory.
 MAX_IN_MEMORY_BYTES = 2**28
+#: Scans of the inputs made in this process, by their placeholders' tokens: a second step
+#: on the same likelihood reads the data's fingerprint and checks from here.
+_SCANS: dict = {}
 
 
 class OutOfCoreRows:
     r"""Rows of the out-of-core inputs of one likelihood: batches, data rows, full sums.
 
     At construction, one Dask pass over every chunk checks for missing values
-    and takes the data's fingerprint; with ``batches`` ``"blocks"`` or
-    ``"windows"`` the row-permuted copy keyed on it is then written to the
-    store, or found there from an earlier run.
+    and takes the data's fingerprint (once per set of inputs in a process);
+    with ``batches`` ``"blocks"`` or ``"windows"`` the row-permuted copy keyed
+    on it is then written to the store, or found there from an earlier run.
 
     Parameters
     ----------
@@ -90,7 +93,10 @@ class OutOfCoreRows:
                 f"source.rechunk({{0: {first.name}.chunks[0]}})"
             )
         self.n_rows = self.sources[0].n_rows
-        self.scanned = scan(self.arrays, self.names, progress=progress)
+        key = tuple(d.owner.op.token for d in data)
+        self.scanned = _SCANS.get(key)
+        if self.scanned is None:  # once per set of inputs: steps on one likelihood share it
+            self.scanned = _SCANS[key] = scan(self.arrays, self.names, progress=progress)
         if self.scanned.nan_chunks:
             chunk, k = self.scanned.nan_chunks[0]
             start = int(sum(self.arrays[0].chunks[0][:chunk]))
