@@ -295,18 +295,18 @@ def test_in_memory_path_does_not_import_dask():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.slow
-def test_peak_memory_far_below_the_data(cluster, tmp_path):
-    n = 10_000_000
-    group = zarr.open_group(str(tmp_path / "big.zarr"), mode="w")
-    X = group.create_array("X", shape=(n, 3), chunks=(100_000, 3), dtype="f4")
-    y = group.create_array("y", shape=(n,), chunks=(100_000,), dtype="i1")
-    rng = np.random.default_rng(0)
-    for s in range(0, n, 100_000):  # written chunk by chunk
-        xs = rng.normal(size=(100_000, 3)).astype("f4")
-        X[s : s + 100_000] = xs  # noqa: N806
-        y[s : s + 100_000] = (rng.random(100_000) < 1 / (1 + np.exp(-xs[:, 0]))).astype("i1")
+def _peak_growth(path, n: int, chunk: int = 100_000) -> int:
+    """Write n rows chunk by chunk, sample 100 draws; return the peak RSS growth (bytes)."""
     psutil = pytest.importorskip("psutil")
+    group = zarr.open_group(str(path), mode="w")
+    xs = group.create_array("X", shape=(n, 3), chunks=(chunk, 3), dtype="f4")
+    ys = group.create_array("y", shape=(n,), chunks=(chunk,), dtype="i1")
+    for i, s in enumerate(range(0, n, chunk)):  # never the whole data in memory
+        rng = np.random.default_rng([0, i])
+        x = rng.normal(size=(min(chunk, n - s), 3)).astype("f4")
+        xs[s : s + len(x)] = x
+        ys[s : s + len(x)] = (rng.random(len(x)) < 1 / (1 + np.exp(-x[:, 0]))).astype("i1")
+    del x
     proc = psutil.Process()
     before = proc.memory_info().rss
     peak = [before]
@@ -321,7 +321,7 @@ def test_peak_memory_far_below_the_data(cluster, tmp_path):
     try:
         with pm.Model():
             b = pm.Normal("b", 0, 1, shape=3)
-            pm.Bernoulli("obs", logit_p=pms.Data("X", X) @ b, observed=pms.Data("y", y))
+            pm.Bernoulli("obs", logit_p=pms.Data("X", xs) @ b, observed=pms.Data("y", ys))
             step = pms.RacingMetropolis([b], race=RaceOptions(batches="windows"))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -329,10 +329,26 @@ def test_peak_memory_far_below_the_data(cluster, tmp_path):
     finally:
         done.set()
         watcher.join()
-    grown = peak[0] - before
-    data_bytes = n * (3 * 4 + 1)
-    print(f"peak RSS growth {grown / 2**20:.1f} MiB for {data_bytes / 2**20:.1f} MiB of data")
-    assert grown < data_bytes  # in memory: the data and the copy, at least twice this
+    return peak[0] - before
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_n(cluster, tmp_path, monkeypatch):
+    """The peak RSS growth of a run does not follow N (workers in this process, counted).
+
+    The chunk cache holds up to CACHE_BYTES of the copy (64 MiB), more than the
+    data at these N: it is set to 4 MiB here, so that what could grow with N shows.
+    """
+    from pymc_subsample.model import out_of_core_copy
+
+    monkeypatch.setattr(out_of_core_copy, "CACHE_BYTES", 4 * 2**20)
+    _peak_growth(tmp_path / "warm.zarr", 200_000)  # compiles what every run shares
+    small = _peak_growth(tmp_path / "small.zarr", 1_000_000)
+    large = _peak_growth(tmp_path / "large.zarr", 4_000_000)
+    more_data = 3_000_000 * (3 * 4 + 1)
+    print(f"peak RSS growth {small / 2**20:.1f} MiB at 1e6, {large / 2**20:.1f} MiB at 4e6")
+    # in memory the data and their permuted copy: 2 * more_data more at 4e6
+    assert large - small < 0.25 * more_data
 
 
 def test_xarray_source_with_dims(cluster, tmp_path):
