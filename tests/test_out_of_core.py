@@ -397,3 +397,19 @@ def test_worker_processes_compile_the_pass_function(tmp_path):
     eta = x.astype("f8") @ beta.T
     expected = np.sum(y[:, None] * eta - np.logaddexp(0, eta), axis=0)
     np.testing.assert_allclose(sums, expected, rtol=1e-10)
+
+
+def test_forked_chains_refused_not_hung(cluster, tmp_path):
+    x, y = logistic_data(2000)
+    group = write_group(tmp_path / "f.zarr", chunk=500, X=x, y=y)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=3)
+        pm.Bernoulli(
+            "obs", logit_p=pms.Data("X", group["X"]) @ b, observed=pms.Data("y", group["y"])
+        )
+        race = RaceOptions(batches="windows", batch_size=500, exact_fraction=1e-9)
+        step = pms.RacingMetropolis([b], race=race)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(Exception, match="sample with cores=1"):
+                pm.sample(step=[step], tune=5, draws=5, chains=2, cores=2, progressbar=False)

@@ -13,6 +13,7 @@ size :math:`N` is held here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -93,6 +94,7 @@ class OutOfCoreRows:
                 f"source.rechunk({{0: {first.name}.chunks[0]}})"
             )
         self.n_rows = self.sources[0].n_rows
+        self._pid = os.getpid()  # the process whose Dask client runs the passes
         key = tuple(d.owner.op.token for d in data)
         self.scanned = _SCANS.get(key)
         if self.scanned is None:  # once per set of inputs: steps on one likelihood share it
@@ -185,7 +187,22 @@ class OutOfCoreRows:
         return self.data_rows(np.arange(self.n_rows))
 
     def sums(self, fn, cands: Sequence[np.ndarray], others: Sequence[np.ndarray]) -> np.ndarray:
-        """Return the sums of ``fn`` (a :class:`PassFunction` of rows) over every row (Dask)."""
+        """Return the sums of ``fn`` (a :class:`PassFunction` of rows) over every row (Dask).
+
+        Raises
+        ------
+        RuntimeError
+            In another process than the one that built the terms (a chain
+            forked by ``pm.sample(cores>1)``), whose Dask client would not
+            answer.
+        """
         from .out_of_core_passes import row_sums
 
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"the out-of-core terms of {self.names} were built in process {self._pid} and "
+                f"are summed in process {os.getpid()} (a chain forked by pm.sample(cores>1)), "
+                "where the Dask client does not run: sample with cores=1 (the passes run in "
+                "parallel on the Dask cluster)"
+            )
         return row_sums(fn, self.arrays, self.names, cands, others, self.scanned.crcs)
