@@ -16,9 +16,12 @@ pieces of :math:`T_{i\cdot}` rows (stage 1, written apart), each group
 gathers its pieces and shuffles them (stage 2). The result is a uniformly
 random permutation; every task holds one chunk or one group.
 
-The copy is written under a temporary name and renamed once complete (a
-"complete" attribute marks it in stores that cannot rename): no partial copy
-is left or reused. :class:`ChunkReader` reads rows at positions through a
+The copy's chunks are small (:data:`COPY_CHUNK_BYTES`: a race reads few rows
+per decision, and a cache miss reads a whole chunk), stored in zarr shards of
+one group each (one file per group, written whole by its task). The copy is
+written under a temporary name and renamed once complete (a "complete"
+attribute marks it in stores that cannot rename): no partial copy is left or
+reused. :class:`ChunkReader` reads rows at positions through a
 small LRU cache of chunks, checking each chunk's CRC-32 as it loads it.
 """
 
@@ -36,7 +39,8 @@ import numpy as np
 __all__ = ["ChunkReader", "CopyLayout", "deal_table", "permuted_copy"]
 
 #: Bytes of one chunk of the copy (all inputs together, about): what a cache miss reads.
-COPY_CHUNK_BYTES = 2**20
+#: The chunks are stored in shards of about a source chunk each (one file per shard).
+COPY_CHUNK_BYTES = 2**16
 #: Bytes of chunks the reader keeps.
 CACHE_BYTES = 64 * 2**20
 
@@ -193,7 +197,13 @@ def permuted_copy(
                 )
             )
             outs.append(
-                group.create_array(name, shape=a.shape, chunks=(layout.chunk, *tail), dtype=a.dtype)
+                group.create_array(
+                    name,
+                    shape=a.shape,
+                    chunks=(layout.chunk, *tail),
+                    shards=(layout.chunk * layout.per_group, *tail),
+                    dtype=a.dtype,
+                )
             )
         blocks = [
             list(b)
