@@ -20,7 +20,7 @@ help:
 	@echo "make demo      install and run the demo: our steps against PyMC's exact steps on 10^6 simulated rows (OUT=$(OUT))"
 	@echo "make arch      the paper's ARCH order selection on S&P 500 returns, quick mode (OUT=$(OUT))"
 	@echo "make examples  rerun every example into docs/examples (the documentation's figures; long)"
-	@echo "make test      install with the test and docs extras; run lint, the test suite, the docs build"
+	@echo "make test      install with the test, docs and big extras; run lint, the test suite, the docs build"
 	@echo "make test-all  also run the slow statistical tests (pytest stopped after TEST_ALL_BUDGET=$(TEST_ALL_BUDGET) s)"
 	@echo "make docs      build the documentation into docs/_build/html"
 	@echo "make bench     run every benchmark script (long)"
@@ -48,7 +48,7 @@ examples: $(VENV)/.stamp-examples
 		$(BIN)/python examples/$$f.py --out docs/examples || exit 1; done
 	$(BIN)/python examples/arch_selection.py --simulate --out docs/examples
 
-lint: $(VENV)/.stamp-test,docs
+lint: $(VENV)/.stamp-test,docs,big
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
@@ -61,7 +61,7 @@ test-all: lint
 	@if [ -z "$(TIMEOUT)" ]; then echo "warning: no timeout command found; running without the time budget"; fi
 	$(if $(TIMEOUT),$(TIMEOUT) $(TEST_ALL_BUDGET) )$(BIN)/python -m pytest --durations=10
 
-docs: $(VENV)/.stamp-test,docs
+docs: $(VENV)/.stamp-test,docs,big
 	$(BIN)/python -m sphinx -W --keep-going -b html docs docs/_build/html
 
 bench: $(VENV)/.stamp-examples

@@ -23,6 +23,13 @@ out). Our steps run with each row layout, ``batches="blocks"`` (the default),
 ``"windows"`` and ``"random"``. The ratio is the peak from the build on
 against that of PyMC's step on the same model.
 
+With ``--zarr`` (needs the ``big`` extra), our steps run once more on the
+same model with its data in a zarr store (``pymc_subsample.Data``, layout
+"zarr": ``batches="windows"``): the child writes the data chunk by chunk into a
+temporary store (never whole in memory) and starts a ``dask.distributed``
+cluster of two worker processes before the baseline; the worker processes'
+memory is not counted (the table is this process's).
+
 Writes ``docs/results/tables/memory.md`` (``--quick``: ``memory_quick.md``, N =
 10^6; ``--n`` another N, ``memory_<N>.md``). Run:
 ``python benchmarks/memory.py [--quick | --n N]``.
@@ -75,6 +82,47 @@ def _peak_since_reset() -> int:
     return 0
 
 
+#: Rows per chunk of the zarr store of layout "zarr".
+ZARR_CHUNK = 1_000_000
+
+
+def _zarr_model(kind: str, n_obs: int, path: str):
+    """Return the model of ``kind``, its data written chunk by chunk to a zarr store at ``path``."""
+    import pymc as pm
+    import zarr
+
+    import pymc_subsample as pms
+
+    group = zarr.open_group(path, mode="w")
+    cols = () if kind == "categorical" else (N_COLS,)
+    ys = group.create_array("y", shape=(n_obs,), chunks=(ZARR_CHUNK,), dtype="f8")
+    xs = (
+        None
+        if not cols
+        else group.create_array("x", shape=(n_obs, *cols), chunks=(ZARR_CHUNK, *cols), dtype="f8")
+    )
+    mus = np.linspace(0.0, 1.0, N_CAT)
+    truth = np.random.default_rng(0).normal(size=N_COLS) * 0.1
+    for i, a in enumerate(range(0, n_obs, ZARR_CHUNK)):
+        rng = np.random.default_rng([0, i])
+        m = min(ZARR_CHUNK, n_obs - a)
+        if xs is None:
+            ys[a : a + m] = rng.normal(mus[N_CAT // 2], 1.0, size=m)
+        else:
+            x = rng.normal(size=(m, N_COLS))
+            xs[a : a + m] = x
+            ys[a : a + m] = x @ truth + rng.normal(size=m)
+    with pm.Model() as model:
+        y_data = pms.Data("y_data", group["y"])
+        if xs is None:
+            block = pm.Categorical("q", p=np.full(N_CAT, 1.0 / N_CAT))
+            pm.Normal("y", pm.math.constant(mus)[block], 1.0, observed=y_data)
+        else:
+            block = pm.Normal("beta", 0.0, 1.0, shape=N_COLS)
+            pm.Normal("y", pms.Data("x_data", group["x"]) @ block, 1.0, observed=y_data)
+    return model, block
+
+
 def _model(kind: str, n_obs: int):
     import pymc as pm
 
@@ -110,9 +158,10 @@ def _step(kind: str, layout: str, model, block):
             if kind == "categorical":
                 return pm.CategoricalGibbsMetropolis([block])
             return pm.Metropolis([block])
+        batches = "windows" if layout == "zarr" else layout
         if kind == "categorical":
-            return SubsampledCategoricalGibbs([block], race=RaceOptions(batches=layout), rng=0)
-        return RacingMetropolis([block], race=RaceOptions(batches=layout), rng=0)
+            return SubsampledCategoricalGibbs([block], race=RaceOptions(batches=batches), rng=0)
+        return RacingMetropolis([block], race=RaceOptions(batches=batches), rng=0)
 
 
 def child(kind: str, layout: str, n_obs: int) -> dict:
@@ -121,7 +170,19 @@ def child(kind: str, layout: str, n_obs: int) -> dict:
 
     import pymc_subsample  # noqa: F401
 
-    model, block = _model(kind, n_obs)
+    if layout == "zarr":
+        import tempfile
+
+        from distributed import Client, LocalCluster
+
+        from pymc_subsample.model.out_of_core_passes import use_client
+
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None)
+        use_client(Client(cluster))
+        tmp = tempfile.TemporaryDirectory()
+        model, block = _zarr_model(kind, n_obs, os.path.join(tmp.name, "data.zarr"))
+    else:
+        model, block = _model(kind, n_obs)
     point = model.initial_point()
     gc.collect()
     before = _rss()
@@ -168,6 +229,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="N = 1e6")
     parser.add_argument("--n", type=float, default=None, help="number of observations (2e7)")
     parser.add_argument("--models", default="categorical,design", help="comma-separated")
+    parser.add_argument("--zarr", action="store_true", help="also our steps on zarr data")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "LAYOUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     n_obs = int(args.n if args.n is not None else (1e6 if args.quick else 2e7))
@@ -192,7 +254,7 @@ def main() -> None:
     ]
     for kind in args.models.split(","):
         results = {}
-        for layout in ("pymc", *LAYOUTS):
+        for layout in ("pymc", *LAYOUTS, *(("zarr",) if args.zarr else ())):
             results[layout] = r = run(kind, layout, n_obs)
             print(kind, layout, r, flush=True)
         base = results["pymc"]["before"] + results["pymc"]["step_peak"]
@@ -201,7 +263,7 @@ def main() -> None:
             step = theirs if layout == "pymc" else ours
             from_build = r["before"] + r["step_peak"]
             lines.append(
-                f"| {kind} | `{step}` | {'' if layout == 'pymc' else layout} | "
+                f"| {kind} | `{step}` | {'' if layout == 'pymc' else layout} | "  # zarr: on disk
                 f"{r['build']:.2f} s | {_mb(r['kept'])} | {_mb(r['after'])} | "
                 f"{_gb(from_build)} | {from_build / base:.2f} | {_gb(r['peak'])} | "
                 f"{r['draws']:.2f} s |"

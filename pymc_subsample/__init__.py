@@ -7,6 +7,7 @@ from . import (
 )
 from .diagnostics import compare_runs
 from .model.blocks import ModelSplitError
+from .model.out_of_core import Data, OutOfCoreReadError
 from .model.terms import ObservationTerms
 from .racing import RaceResult, race, sample_categorical
 from .steps.gibbs import SubsampledCategoricalGibbs
@@ -17,8 +18,10 @@ from .steps.row_latent import RowLatentGibbs
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "Data",
     "ModelSplitError",
     "ObservationTerms",
+    "OutOfCoreReadError",
     "PliableRejection",
     "RaceResult",
     "RacingMetropolis",

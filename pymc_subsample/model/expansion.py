@@ -304,6 +304,9 @@ class Expansion:
             outputs.append(pytensor.gradient.jacobian(grad, ref, vectorize=True))
         sums_inputs = [*per_candidate, ref, start, stop, *sources, *others]
         sums = terms.compile(outputs, sums_inputs, trust=False)
+        #: graphs of the sums functions (full, value and gradient), for Dask workers
+        self._pass_graphs = {True: (outputs, sums_inputs), False: ([total, grad], sums_inputs)}
+        self._pass_fns: dict = {}
         # value and gradient alone (no Hessian: O(d) per row, not O(d^2)), compiled when asked
         self._build_value_grad = lambda: terms.compile([total, grad], sums_inputs, trust=False)
         self._value_grad = None
@@ -413,6 +416,10 @@ class Expansion:
         _, window, _ = self._fns
         head = [*self._heads(candidates), self._reference(reference)]
         others = self.terms.other_arrays(point)
+        if self.terms.out_of_core:  # the rows read from the store, gathered in order
+            rows = self.terms.batch_rows(positions)
+            local = np.arange(len(rows[0]), dtype=np.int64)
+            return self.compile_gather()(*head, local, *rows, *others)
         if isinstance(positions, slice):
             if window is not None:
                 start = np.asarray(positions.start, dtype=np.int64)
@@ -428,6 +435,8 @@ class Expansion:
     ):
         """Sum the sums function over chunks of :data:`TAYLOR_CHUNK_ROWS` first positions."""
         sums = self._fns[2] if sums is None else sums
+        if self.terms.out_of_core:
+            return self._out_of_core_sums(per_candidate, ref, stop, others, sums)
         sources = self.terms.batch_sources()
         total = None
         for a in range(0, stop, TAYLOR_CHUNK_ROWS):
@@ -439,6 +448,25 @@ class Expansion:
             ]
             total = out if total is None else [t + o for t, o in zip(total, out, strict=True)]
         return total
+
+    def _out_of_core_sums(self, per_candidate: list, ref, stop: int, others: list, sums):
+        """Return the sums out of core: a Dask pass over every row, or the first ``stop``."""
+        from .out_of_core_passes import PassFunction, WindowFunction
+
+        terms = self.terms
+        heads = [*per_candidate, ref]
+        if stop < terms.n_obs:  # a random subset: the copy's first positions, read here
+            rows = terms.batch_rows(slice(0, stop))
+            bounds = (np.asarray(0, dtype=np.int64), np.asarray(stop, dtype=np.int64))
+            return [np.asarray(o, dtype=np.float64) for o in sums(*heads, *bounds, *rows, *others)]
+        key = id(sums)
+        found = self._pass_fns.get(key)
+        if found is None or found[0] is not sums:
+            outputs, inputs = self._pass_graphs[sums is self._fns[2]]
+            wrapped = PassFunction(sums, outputs, inputs, terms._compile_kwargs)
+            window = WindowFunction(wrapped, len(heads), len(terms.data))
+            found = self._pass_fns[key] = (sums, window)
+        return terms._ooc.sums(found[1], heads, others)
 
     def sums(
         self,

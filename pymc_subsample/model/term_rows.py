@@ -32,12 +32,15 @@ class TermRows:
     def _init_rows(self) -> None:
         """Watch the ``pm.Data`` inputs; make the permuted copy for blocks and windows."""
         self._data_watch = DataWatch(self.watched)
-        self._copy = PermutedCopy(self.data) if self.batches in ("blocks", "windows") else None
+        copies = self.batches in ("blocks", "windows") and self._ooc is None
+        self._copy = PermutedCopy(self.data) if copies else None
         self._identity = None  # the permutation without a copy, made when asked
 
     @property
     def has_permuted_copy(self) -> bool:
         """Whether batches read a row-permuted copy of the data (``"blocks"``, ``"windows"``)."""
+        if self._ooc is not None:
+            return self._ooc.copy is not None
         return self._copy is not None
 
     def _data_rows(self) -> list[np.ndarray]:
@@ -46,7 +49,20 @@ class TermRows:
 
     def batch_sources(self) -> list[np.ndarray]:
         """Return the arrays that :meth:`batch_graphs` index: the permuted copies, else the data."""
+        if self._ooc is not None:
+            raise NotImplementedError(
+                "out-of-core terms have no arrays of every row to index: read batches with "
+                "batch_rows(positions)"
+            )
         return list(self._copy.values) if self._copy is not None else self._data_rows()
+
+    def batch_rows(self, positions) -> list[np.ndarray]:
+        """Return the rows at ``positions`` of :meth:`loglik_batch` (gathered, in memory or not)."""
+        if self._ooc is not None:
+            return self._ooc.batch_rows(positions)
+        if isinstance(positions, slice):
+            positions = slice_rows(positions, self.n_obs)
+        return [s.take(np.asarray(positions, dtype=np.int64), axis=0) for s in self.batch_sources()]
 
     def permuted_rows(self) -> tuple:
         """Return the row-permuted copies of the per-observation inputs (read, not written)."""
@@ -55,6 +71,8 @@ class TermRows:
     # -- data set with pm.set_data ----------------------------------------------------------
 
     def _check_rows(self, n_obs: int) -> None:
+        if self._ooc is not None:  # checked for missing values by a Dask pass, at construction
+            return
         check_rows(self.data, self.observed, n_obs)
 
     def data_unchanged(self) -> bool:
@@ -135,6 +153,7 @@ class TermRows:
         """
         if self._copy is not None:
             self._copy.shuffle(self.data, rng)
+        # out of core the stored permutation is kept: written once, reused (no rng draw)
 
     def permutation(self) -> np.ndarray:
         """Return the current row permutation: position ``i`` of the copies holds its row.
@@ -143,6 +162,10 @@ class TermRows:
         :math:`2^{31}` rows) from the RNG state that drew it; the identity
         without a permuted copy.
         """
+        if self._ooc is not None and self._ooc.copy is not None:
+            raise NotImplementedError(
+                "the stored permutation of out-of-core rows is not materialised (N entries)"
+            )
         if self._copy is not None:
             return self._copy.permutation(self.n_obs)
         if self._identity is None:

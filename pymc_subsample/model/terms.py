@@ -45,6 +45,7 @@ from .data import (
     slice_rows,
 )
 from .function_cache import compile_cached
+from .out_of_core import find_out_of_core
 from .row_locality import (
     LOCALITY_DRAWS,
     check_row_locality,
@@ -219,6 +220,12 @@ class ObservationTerms(TermRows):
     def _find_inputs(self, model, loglik, data) -> None:
         """Find the per-observation inputs (:attr:`data`) and every watched ``pm.Data`` input."""
         shared = [v for v in graph_inputs([loglik]) if isinstance(v, SharedVariable)]
+        #: the rows of out-of-core inputs (pymc_subsample.Data), None in memory
+        self._ooc = None
+        placeholders = find_out_of_core(loglik)
+        if placeholders:
+            self._find_out_of_core(loglik, data, shared, placeholders)
+            return
         if self._union is None:
             self.data = find_data(model, loglik, data, self.observed, self.n_obs)
             reject_numpy_inputs(loglik, self.observed, self.n_obs)
@@ -235,6 +242,55 @@ class ObservationTerms(TermRows):
             shared = [v for v in shared if v not in self.data]
         #: every pm.Data input of the terms, the per-observation ones first (:meth:`data_unchanged`)
         self.watched = own + [v for v in shared if v not in own]
+
+    def _find_out_of_core(self, loglik, data, shared, placeholders) -> None:
+        """Take the out-of-core inputs as the per-observation data; refuse what cannot mix."""
+        from .out_of_core_rows import OutOfCoreRows
+
+        names = ", ".join(self.observed)
+        if self._union is not None:
+            raise ModelSplitError(
+                f"the observed variables {names} have different numbers of observations and "
+                "read out-of-core data (pymc_subsample.Data): not supported out of core; give "
+                "each likelihood its own step"
+            )
+        if data is not None:
+            raise ModelSplitError(
+                f"data= was given for {names}, whose likelihood reads out-of-core inputs "
+                f"({[p.name for p in placeholders]}): those are the per-observation data; "
+                "leave data= out"
+            )
+        in_memory = [
+            v.name
+            for v in shared
+            if np.ndim(v.get_value(borrow=True)) >= 1
+            and np.shape(v.get_value(borrow=True))[0] == self.n_obs
+        ]
+        if in_memory:
+            raise ModelSplitError(
+                f"the likelihood of {names} reads out-of-core inputs "
+                f"({[p.name for p in placeholders]}) and pm.Data inputs with one row per "
+                f"observation ({in_memory}): put every per-observation input out of core "
+                "(pymc_subsample.Data on a zarr or Dask array with the same row chunks)"
+            )
+        bad = [p.name for p in placeholders if p.owner.op.shape[0] != self.n_obs]
+        if bad:
+            raise ModelSplitError(
+                f"the out-of-core inputs {bad} do not have one row per observation of "
+                f"{names} (N = {self.n_obs}): every pymc_subsample.Data of a likelihood "
+                "holds one row per observation"
+            )
+        reject_numpy_inputs(loglik, self.observed, self.n_obs)
+        self.data = list(placeholders)
+        self._mixing = find_row_mixing(loglik, self.data)
+        self._ooc = OutOfCoreRows(self.data, self.observed, self.batches)
+        #: every pm.Data input of the terms (the out-of-core inputs do not change)
+        self.watched = list(shared)
+
+    @property
+    def out_of_core(self) -> bool:
+        """Whether the per-observation inputs are out of core (``pymc_subsample.Data``)."""
+        return self._ooc is not None
 
     def _compile_terms(self, value_vars, loglik, log_f0) -> None:
         """Compile the terms on given rows, their fused sum, log f0 (and windows)."""
@@ -260,8 +316,11 @@ class ObservationTerms(TermRows):
             pt.tensor(name=f"{d.name}_rows", dtype=d.dtype, shape=(None, *d.type.shape[1:]))
             for d in self.data
         ]
-        rows = graph_replace(loglik, dict(zip(self.data, row_inputs, strict=True)))
-        window = self.batch_graphs(loglik).window
+        rows = graph_replace(loglik, self._data_map(loglik, row_inputs))
+        self._row_inputs = row_inputs
+        self._rows_graph = rows
+        # out of core, windows are read as rows (the window function indexes whole arrays)
+        window = None if self._ooc is not None else self.batch_graphs(loglik).window
         # the fused sum of the rows it is given: with a permuted copy, loglik_sum passes it
         # (the same sum), so that a race that ends in an exact pass touches one copy of the
         # data, not two
@@ -284,6 +343,12 @@ class ObservationTerms(TermRows):
         self._exact_fn = self.compile(outs[2], [*cands, *self.inputs])
         totals_fn = self.compile(outs[3], [*cands, *row_inputs, *self.inputs])
         self._sum_rows = ChunkedSum(totals_fn, len(cands), len(self.data), len(self.inputs))
+        if self._ooc is not None:  # summed by Dask tasks, which may compile it in their process
+            from .out_of_core_passes import PassFunction
+
+            self._pass_sum = PassFunction(
+                totals_fn, outs[3], [*cands, *row_inputs, *self.inputs], self._compile_kwargs
+            )
         self._window_fn = None
         if window:
             start, stop, _ = window
@@ -298,7 +363,7 @@ class ObservationTerms(TermRows):
         :func:`~pymc_subsample.model.row_locality.check_row_locality`, on the
         rows of each group of observations apart.
         """
-        rows = self._data_rows()
+        rows = self._data_rows() if self._ooc is None else self._ooc.head_rows()
         # over the union of rows of different lengths: each group's own rows, checked apart
         parts = [rows] if self._union is None else self._union.group_rows(rows)
 
@@ -383,14 +448,27 @@ class ObservationTerms(TermRows):
         """
         idx = pt.lvector("idx")
         source = self._batch_sources
-        subset = graph_replace(
-            graph, {d: s[idx] for d, s in zip(self.data, source, strict=True)}, strict=False
-        )
+        subset = graph_replace(graph, self._data_map(graph, [s[idx] for s in source]), strict=False)
         start, stop = pt.lscalar("start"), pt.lscalar("stop")
-        views = {d: s[start:stop] for d, s in zip(self.data, source, strict=True)}
+        views = self._data_map(graph, [s[start:stop] for s in source])
         first = (start, stop, graph_replace(graph, views, strict=False))
         window = first if self.batches == "windows" else None
         return BatchGraphs(idx, subset, window, first, list(source))
+
+    def _data_map(self, graph, new: Sequence) -> dict:
+        """Return the replacements of the per-observation inputs of ``graph`` by ``new``.
+
+        An out-of-core placeholder is the output of a node, which a clone of
+        the graph (PyMC's log density rewrites) copies: every copy in
+        ``graph`` is replaced.
+        """
+        mapping = dict(zip(self.data, new, strict=True))
+        if self._ooc is not None:
+            by_op = {d.owner.op: n for d, n in mapping.items()}
+            for v in find_out_of_core(graph):
+                if v.owner.op in by_op:
+                    mapping[v] = by_op[v.owner.op]
+        return mapping
 
     # -- evaluation -----------------------------------------------------------------------
 
@@ -431,6 +509,9 @@ class ObservationTerms(TermRows):
         numpy.ndarray
             Shape ``(K, len(idx))``.
         """
+        if self._ooc is not None:
+            cands, others = self._exact_arrays(candidates, point)
+            return self._rows_fn(*cands, *self._ooc.data_rows(idx), *others)
         if 3 * len(idx) >= self.n_obs:
             return self.loglik_full(candidates, point)[:, idx]
         cands, others = self._exact_arrays(candidates, point)
@@ -459,6 +540,9 @@ class ObservationTerms(TermRows):
         numpy.ndarray
             Shape ``(K, n)`` for ``n`` positions.
         """
+        if self._ooc is not None:  # rows read from the store (the permuted copy, else the data)
+            cands, others = self._exact_arrays(candidates, point)
+            return self._rows_fn(*cands, *self._ooc.batch_rows(positions), *others)
         if isinstance(positions, slice):
             if self._copy is None:  # positions are rows
                 return self.loglik_subset(candidates, slice_rows(positions, self.n_obs), point)
@@ -488,7 +572,7 @@ class ObservationTerms(TermRows):
         input of its own): the Python race serves those.
         """
         jit_fn = getattr(getattr(self._rows_fn, "vm", None), "jit_fn", None)
-        if jit_fn is None or self.batches != "blocks" or self._copy is None:
+        if jit_fn is None or self.batches != "blocks" or self._copy is None or self._ooc:
             return None
         expected = len(self.candidate_vars) + len(self.data) + len(self.inputs)
         fgraph = getattr(getattr(self._rows_fn, "maker", None), "fgraph", None)
@@ -499,6 +583,8 @@ class ObservationTerms(TermRows):
     def loglik_full(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
         r"""Terms :math:`\log f_n(\theta_k)` on all observations, shape ``(K, N)``."""
         cands, others = self._exact_arrays(candidates, point)
+        if self._ooc is not None:
+            return self._rows_fn(*cands, *self._ooc.all_rows(), *others)
         return self._rows_fn(*cands, *self._data_rows(), *others)
 
     def loglik_sum(self, candidates: Sequence[np.ndarray], point: dict) -> np.ndarray:
@@ -508,6 +594,8 @@ class ObservationTerms(TermRows):
         that stay in cache (:class:`~pymc_subsample.model.chunked_sum.ChunkedSum`).
         """
         cands, others = self._exact_arrays(candidates, point)
+        if self._ooc is not None:  # a Dask pass over every chunk of the data
+            return np.asarray(self._ooc.sums(self._pass_sum, cands, others), dtype=np.float64)
         rows = (
             self._copy.values if self._copy is not None else self._data_rows()
         )  # the same sum in any order
@@ -543,10 +631,16 @@ class ObservationTerms(TermRows):
             import pytensor
 
             idx_var, subset, log_f0 = self._graphs
+            if self._ooc is not None:  # the rows enter as inputs, read from the store
+                subset, idx_var = self._rows_graph, self._row_inputs
             grads = pytensor.grad(subset.sum(), self.vars) + pytensor.grad(log_f0, self.vars)
-            self._grad_fn = self.compile(grads, [*self.vars, idx_var, *self.inputs])
+            idx_in = idx_var if self._ooc is not None else [idx_var]
+            self._grad_fn = self.compile(grads, [*self.vars, *idx_in, *self.inputs])
         values, others = self._exact_arrays(values, point)
-        out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *others)
+        if self._ooc is not None:
+            out = self._grad_fn(*values, *self._ooc.data_rows(idx), *others)
+        else:
+            out = self._grad_fn(*values, np.asarray(idx, dtype=np.int64), *others)
         k = len(self.vars)
         return [np.asarray(g) for g in out[:k]], [np.asarray(g) for g in out[k:]]
 

@@ -498,7 +498,8 @@ class RacingStep(BlockedStep):
             self._take_up_data(point, warn=True)
         start = time.perf_counter()
         audit = self._begin_draw()
-        if audit and self._joint_fn is None:  # compiled once, outside both clocks
+        if audit and self._joint_fn is None and not self.terms.out_of_core:  # compiled once,
+            # outside both clocks
             self._compile_joint()
             start = time.perf_counter()
         try:
@@ -564,7 +565,14 @@ class RacingStep(BlockedStep):
         not the race's row-permuted copies), compiled at the first call. Scores
         of two candidates differ by :math:`\log f_0 + \sum_n \log f_n` of the
         model, whatever the race's terms; one pass over the data per candidate.
+        Out of core (``pymc_subsample.Data``), whose placeholders the model's
+        log density cannot read, the terms' own :math:`\log f_0` and their
+        sums over every row (a Dask pass over the data in their own order).
         """
+        if self.terms.out_of_core:  # the model's log density reads placeholders: the terms'
+            self._score_rtol = SCORE_RTOL  # sums, a Dask pass over every row
+            log_f0 = self.terms.log_f0(candidates, point)
+            return log_f0 + self.terms.loglik_sum(candidates, point)
         if self._joint_fn is None:
             self._compile_joint()
         names = [v.name for v in self.model.value_vars]

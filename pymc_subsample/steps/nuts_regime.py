@@ -47,7 +47,12 @@ class NutsRegime:
 
     @property
     def _may_switch(self) -> bool:
-        """Enough tuning is left in the chain for NUTS to adapt (unknown outside pm.sample)."""
+        """Enough tuning is left in the chain for NUTS to adapt (unknown outside pm.sample).
+
+        Never on out-of-core data: NUTS would read every row at every gradient.
+        """
+        if self.terms.out_of_core:
+            return False
         return self._tune_left is None or self._tune_left >= NUTS_MIN_TUNE
 
     def _count_tuning_draw(self) -> None:
@@ -142,6 +147,7 @@ class NutsRegime:
             and self.control_variates
             and not self.elemwise
             and self.terms.n_obs <= SMALL_N
+            and not self.terms.out_of_core  # the probe reads the model's log density
         )
 
     def _probe_fit(self, point: dict) -> bool:

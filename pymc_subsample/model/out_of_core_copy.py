@@ -1,0 +1,361 @@
+r"""The row-permuted copy of out-of-core inputs, written once into a zarr store, and its reader.
+
+A race reads windows or blocks of positions of a row-permuted copy: any run
+of positions is then a uniformly random subset of the :math:`N` rows.
+Out of core the copy is written once, by Dask tasks over chunks, into a zarr
+group keyed on the data's fingerprint, and reused by later runs on the same
+data.
+
+The permutation is drawn without an index array of :math:`N` entries: the
+source's chunks of rows :math:`i` (sizes :math:`a_i`) are dealt to groups
+:math:`j` of consecutive positions of the copy (sizes :math:`b_j`) by a
+table :math:`T_{ij}` drawn from the multivariate hypergeometric law of a
+uniform permutation (row :math:`i` deals its :math:`a_i` rows among the
+places left in each group); each chunk shuffles its rows and cuts them into
+pieces of :math:`T_{i\cdot}` rows (stage 1, written apart), each group
+gathers its pieces and shuffles them (stage 2). The result is a uniformly
+random permutation; every task holds one chunk or one group.
+
+The copy's chunks are small (:data:`COPY_CHUNK_BYTES`: a race reads few rows
+per decision, and a cache miss reads a whole chunk), stored in zarr shards of
+one group each (one file per group, written whole by its task). The copy is
+written under a temporary name and renamed once complete (a "complete"
+attribute marks it in stores that cannot rename): no partial copy is left or
+reused. :class:`ChunkReader` reads rows at positions through a
+small LRU cache of chunks, checking each chunk's CRC-32 as it loads it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["ChunkReader", "CopyLayout", "deal_table", "permuted_copy"]
+
+#: Bytes of one chunk of the copy (all inputs together, about): what a cache miss reads.
+#: The chunks are stored in shards of about a source chunk each (one file per shard).
+COPY_CHUNK_BYTES = 2**16
+#: Bytes of chunks the reader keeps.
+CACHE_BYTES = 64 * 2**20
+
+
+def deal_table(sizes_in: Sequence[int], sizes_out: Sequence[int], seed) -> np.ndarray:
+    r"""Draw how many rows of each source chunk land in each group of the copy.
+
+    Row :math:`i` of the table is a multivariate hypergeometric draw of
+    :math:`a_i` among the places still free in each group: the counts a
+    uniformly random permutation gives.
+    """
+    rng = np.random.default_rng([int(seed), 0x5EED])
+    free = np.asarray(sizes_out, dtype=np.int64).copy()
+    table = np.zeros((len(sizes_in), len(sizes_out)), dtype=np.int64)
+    for i, a in enumerate(sizes_in):
+        table[i] = rng.multivariate_hypergeometric(free, int(a))
+        free -= table[i]
+    return table
+
+
+class CopyLayout:
+    """Positions of the copy: chunks of ``chunk`` rows, grouped ``per_group`` to a task.
+
+    Parameters
+    ----------
+    n_rows : int
+        :math:`N`.
+    row_bytes : int
+        Bytes of one row, every input together.
+    source_chunk : int
+        Rows of the largest source chunk (a group holds about as many).
+    """
+
+    def __init__(self, n_rows: int, row_bytes: int, source_chunk: int):
+        self.n_rows = int(n_rows)
+        self.chunk = int(max(256, min(self.n_rows, COPY_CHUNK_BYTES // max(row_bytes, 1))))
+        self.per_group = max(1, int(source_chunk) // self.chunk)
+        group = self.chunk * self.per_group
+        self.group_sizes = [min(group, self.n_rows - s) for s in range(0, self.n_rows, group)]
+
+
+def _stage_one(i, seed, table_row, stages, *blocks) -> int:
+    """Shuffle chunk ``i`` and write its pieces, one per group, into the staging arrays."""
+    rng = np.random.default_rng([int(seed), 1, i])
+    perm = rng.permutation(len(blocks[0]))
+    cuts = np.concatenate([[0], np.cumsum(table_row)])
+    for block, stage in zip(blocks, stages, strict=True):
+        rows = np.asarray(block)[perm]
+        for j in range(len(table_row)):
+            if table_row[j]:
+                piece = rows[cuts[j] : cuts[j + 1]]
+                stage[i, j, : len(piece)] = piece
+    return i
+
+
+def _stage_two(j, seed, table_col, start, chunk, stages, outs) -> list[list[int]]:
+    """Gather group ``j``'s pieces, shuffle them, write them; return CRC-32 per chunk, input."""
+    crcs = []
+    rows_all = []
+    for stage in stages:
+        nonzero = np.flatnonzero(table_col)
+        parts = [stage[i, j, : table_col[i]] for i in nonzero]
+        rows_all.append(np.concatenate(parts) if parts else stage[0, j, :0])
+    rng = np.random.default_rng([int(seed), 2, j])
+    perm = rng.permutation(len(rows_all[0]))
+    for k, (rows, out) in enumerate(zip(rows_all, outs, strict=True)):
+        rows = np.ascontiguousarray(rows[perm])
+        out[start : start + len(rows)] = rows
+        for a in range(0, len(rows), chunk):
+            if k == 0:
+                crcs.append([])
+            crcs[a // chunk].append(zlib.crc32(memoryview(rows[a : a + chunk]).cast("B")))
+    return crcs
+
+
+def _group_path(store: str, fingerprint: str) -> str:
+    return f"pymc_subsample_permuted/{fingerprint}"
+
+
+def _open_complete(store: str, path: str, names: Sequence[str]):
+    """Return the complete copy at ``path`` of ``store``, or None."""
+    import zarr
+
+    try:
+        group = zarr.open_group(store, path=path, mode="r")
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.GroupNotFoundError):
+        return None
+    if not group.attrs.get("complete") or any(n not in group for n in names):
+        return None
+    return group
+
+
+def permuted_copy(
+    arrays: Sequence,
+    names: Sequence[str],
+    store: str,
+    fingerprint: str,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Return the zarr group of the row-permuted copy; write it first when none is complete.
+
+    Parameters
+    ----------
+    arrays : sequence of dask.array.Array
+        The inputs, sharing their row chunks.
+    names : sequence of str
+        Their names: the copy's arrays.
+    store : str
+        A directory or URL zarr opens.
+    fingerprint : str
+        The data's fingerprint (:func:`~pymc_subsample.model.out_of_core_passes.scan`):
+        the copy's key in the store.
+    seed : int
+        Seed of the permutation.
+    progress : bool
+        Show the progress of the writing.
+
+    Returns
+    -------
+    zarr.Group
+        Arrays ``names`` (the permuted rows) and attributes ``complete``,
+        ``crcs`` (per chunk and input) and ``seed``.
+    """
+    import zarr
+    from dask import delayed
+
+    from .out_of_core_passes import _compute
+
+    path = _group_path(store, f"{fingerprint}-{seed}")
+    found = _open_complete(store, path, names)
+    if found is not None:
+        return found
+    n_rows = int(arrays[0].shape[0])
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64)) for a in arrays)
+    sizes_in = [int(c) for c in arrays[0].chunks[0]]
+    layout = CopyLayout(n_rows, row_bytes, max(sizes_in))
+    table = deal_table(sizes_in, layout.group_sizes, seed)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+    local = "://" not in store
+    try:
+        root = zarr.open_group(store, mode="a")
+        group = root.require_group(tmp)
+        piece = max(1, int(table.max()))
+        stages, outs = [], []
+        for a, name in zip(arrays, names, strict=True):
+            tail = tuple(int(s) for s in a.shape[1:])
+            stages.append(
+                group.create_array(
+                    f"stage_{name}",
+                    shape=(len(sizes_in), len(layout.group_sizes), piece, *tail),
+                    chunks=(1, 1, piece, *tail),
+                    dtype=a.dtype,
+                )
+            )
+            outs.append(
+                group.create_array(
+                    name,
+                    shape=a.shape,
+                    chunks=(layout.chunk, *tail),
+                    shards=(layout.chunk * layout.per_group, *tail),
+                    dtype=a.dtype,
+                )
+            )
+        blocks = [
+            list(b)
+            for b in zip(
+                *[a.to_delayed().reshape(len(sizes_in), -1)[:, 0] for a in arrays], strict=True
+            )
+        ]
+        first = [
+            delayed(_stage_one, pure=False)(i, seed, table[i], stages, *blocks[i])
+            for i in range(len(sizes_in))
+        ]
+        _compute(first, progress)
+        starts = np.concatenate([[0], np.cumsum(layout.group_sizes)])
+        second = [
+            delayed(_stage_two, pure=False)(
+                j, seed, table[:, j], int(starts[j]), layout.chunk, stages, outs
+            )
+            for j in range(len(layout.group_sizes))
+        ]
+        crcs = [c for group_crcs in _compute(second, progress) for c in group_crcs]
+        for name in names:
+            del group[f"stage_{name}"]
+        group.attrs.update({"crcs": crcs, "seed": int(seed), "chunk": layout.chunk})
+        if local:  # rename the complete copy into place: readers never see a partial one
+            group.attrs["complete"] = True
+            final = os.path.join(store, path)
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            try:
+                os.replace(os.path.join(store, tmp), final)
+            except OSError:  # another run renamed its complete copy into place first
+                if _open_complete(store, path, names) is None:
+                    raise
+                _remove(store, tmp, local)
+        else:  # stores that cannot rename: the copy is written in place, marked last
+            return _write_marked(store, path, tmp, names)
+    except BaseException:
+        _remove(store, tmp, local)
+        raise
+    return zarr.open_group(store, path=path, mode="r")
+
+
+def _write_marked(store: str, path: str, tmp: str, names: Sequence[str]):
+    """Copy the temporary group to ``path`` in a store without renames; mark it complete last."""
+    import zarr
+
+    src = zarr.open_group(store, path=tmp, mode="r")
+    dst = zarr.open_group(store, path=path, mode="w")
+    for name in names:
+        a = src[name]
+        out = dst.create_array(name, shape=a.shape, chunks=a.chunks, dtype=a.dtype)
+        for s in range(0, a.shape[0], a.chunks[0]):
+            out[s : s + a.chunks[0]] = a[s : s + a.chunks[0]]
+    dst.attrs.update({k: v for k, v in src.attrs.items()})
+    dst.attrs["complete"] = True
+    _remove(store, tmp, local=False)
+    return zarr.open_group(store, path=path, mode="r")
+
+
+def _remove(store: str, path: str, local: bool) -> None:
+    """Delete the group at ``path`` (a temporary copy), ignoring one already gone."""
+    if local:
+        shutil.rmtree(os.path.join(store, path), ignore_errors=True)
+        return
+    import zarr
+
+    try:
+        root = zarr.open_group(store, mode="a")
+        del root[path]
+    except Exception:  # noqa: BLE001 (cleanup after a failure: the original error is raised)
+        pass
+
+
+class ChunkReader:
+    """Rows at positions of zarr arrays of equal row chunks, through an LRU cache of chunks.
+
+    Parameters
+    ----------
+    arrays : sequence of zarr.Array
+        One per input, the same number of rows and row chunks.
+    names : sequence of str
+        Their names (for messages).
+    crcs : array-like, optional
+        ``(n_chunks, n_inputs)`` CRC-32 of each chunk as written or scanned:
+        a chunk that differs when loaded raises
+        :class:`~pymc_subsample.model.out_of_core_passes.DataChangedError`.
+    cache_bytes : int
+        Bytes of chunks kept.
+    """
+
+    def __init__(self, arrays: Sequence, names: Sequence[str], crcs=None, cache_bytes=None):
+        self.arrays = list(arrays)
+        self.names = list(names)
+        self.chunk = int(self.arrays[0].chunks[0])
+        self.n_rows = int(self.arrays[0].shape[0])
+        self.crcs = None if crcs is None else np.asarray(crcs, dtype=np.int64)
+        budget = CACHE_BYTES if cache_bytes is None else int(cache_bytes)
+        chunk_bytes = sum(
+            a.dtype.itemsize * int(np.prod(a.chunks, dtype=np.int64)) for a in self.arrays
+        )
+        self.max_chunks = max(2, budget // max(chunk_bytes, 1))
+        self._cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self.loads = 0
+
+    def _load(self, c: int) -> list[np.ndarray]:
+        found = self._cache.get(c)
+        if found is not None:
+            self._cache.move_to_end(c)
+            return found
+        from .out_of_core_passes import DataChangedError
+
+        start = c * self.chunk
+        rows = [np.ascontiguousarray(a[start : start + self.chunk]) for a in self.arrays]
+        if self.crcs is not None:
+            for k, r in enumerate(rows):
+                if zlib.crc32(memoryview(r).cast("B")) != self.crcs[c, k]:
+                    raise DataChangedError(
+                        f"the out-of-core rows of {self.names[k]!r} changed after they were "
+                        f"checked (chunk {c} of {self.arrays[k].store_path}): the draws would "
+                        "mix two data sets. Leave the store unchanged while sampling, or "
+                        "build the step again"
+                    )
+        self.loads += 1
+        self._cache[c] = rows
+        while len(self._cache) > self.max_chunks:
+            self._cache.popitem(last=False)
+        return rows
+
+    def take(self, positions: np.ndarray) -> list[np.ndarray]:
+        """Return every input's rows at ``positions`` (int64), in that order."""
+        positions = np.asarray(positions, dtype=np.int64)
+        chunk_of = positions // self.chunk
+        out = [np.empty((len(positions), *a.shape[1:]), dtype=a.dtype) for a in self.arrays]
+        order = np.argsort(chunk_of, kind="stable")
+        sorted_chunks = chunk_of[order]
+        bounds = np.flatnonzero(np.diff(sorted_chunks)) + 1
+        for part in np.split(order, bounds):
+            if len(part) == 0:
+                continue
+            c = int(chunk_of[part[0]])
+            local = positions[part] - c * self.chunk
+            for o, rows in zip(out, self._load(c), strict=True):
+                o[part] = rows[local]
+        return out
+
+    def window(self, start: int, stop: int) -> list[np.ndarray]:
+        """Return every input's rows at positions ``start:stop`` (within ``N``)."""
+        first, last = start // self.chunk, (stop - 1) // self.chunk
+        parts = []
+        for c in range(first, last + 1):
+            a = max(start - c * self.chunk, 0)
+            b = min(stop - c * self.chunk, self.chunk)
+            parts.append([r[a:b] for r in self._load(c)])
+        if len(parts) == 1:
+            return [np.ascontiguousarray(p) for p in parts[0]]
+        return [np.concatenate(cols) for cols in zip(*parts, strict=True)]
