@@ -413,3 +413,20 @@ def test_forked_chains_refused_not_hung(cluster, tmp_path):
             warnings.simplefilter("ignore")
             with pytest.raises(Exception, match="sample with cores=1"):
                 pm.sample(step=[step], tune=5, draws=5, chains=2, cores=2, progressbar=False)
+
+
+def test_support_bounded_by_the_block_decides_exactly_out_of_core(cluster, tmp_path):
+    """DiscreteUniform(1, M) on zarr rows: the data's extremes are not kept out of core, so
+    every decision is exact (a Dask pass), with the warning, and no impossible M is drawn."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(1, 13, 20_000).astype("i8")
+    y[[4000, 10_000, 19_998]] = [40, 45, 50]
+    group = write_group(tmp_path / "u.zarr", chunk=5000, y=y)
+    with pm.Model():
+        m = pm.DiscreteUniform("m", 1, 60)
+        pm.DiscreteUniform("obs", 1, m, observed=pms.Data("y", group["y"]))
+        with pytest.warns(UserWarning, match="every decision of this step is exact"):
+            step = pms.SubsampledCategoricalGibbs([m], rng=0)
+        idata = pm.sample(step=[step], tune=0, draws=20, random_seed=1, **SAMPLE)
+    assert step.row_support.mode == "unknown" and step.decides_exactly
+    assert (idata.posterior["m"].values == 50).all()

@@ -293,6 +293,9 @@ class RowSupport:
         if not conditions:
             self.mode = "none"
             return
+        if getattr(terms, "out_of_core", False):  # the statistics would need a Dask pass
+            self._unknown("the data are out of core, where the data's extremes are not kept")
+            return
         if not all(c.direct for c in conditions):
             self._unknown("a -inf branch of the terms lies under another switch")
             return
