@@ -290,8 +290,12 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         if self.decides_exactly:
             return
         point = self.initial_point
-        flat = None if self._lone else np.asarray(point[self.vars[0].name]).ravel()
-        cands, log_f0 = self._candidates(0, 0, flat, point)
+        if self._lone:  # not through the cache of a constant log f0, filled at the first draw
+            cands = self._lone_cands
+            log_f0 = self.terms.log_f0(cands, point)
+        else:
+            flat = np.asarray(point[self.vars[0].name]).ravel()
+            cands, log_f0 = self._candidates(0, 0, flat, point)
         sums = self.terms.loglik_sum(cands, point)
         missed = (
             np.isneginf(sums) & np.isfinite(log_f0) & ~self.row_support.infeasible(cands, point)
