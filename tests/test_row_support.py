@@ -89,7 +89,61 @@ def bound_times_covariate():
     return "th", None
 
 
+def truncated_poisson_upper():
+    y = RNG.poisson(3, N)
+    y[5] = 14
+    m = pm.DiscreteUniform("m", 5, 30)
+    pm.Truncated("y", pm.Poisson.dist(3.0), upper=m, observed=pm.Data("yd", y))
+    return "m", np.arange(5, 31)
+
+
+def censored_moving_upper():
+    """-inf under the switch that picks the censored rows: no exact statistic."""
+    y = np.clip(RNG.normal(size=N), -9, 1.0)
+    c = pm.Normal("c", 1.5, 1)
+    pm.Censored("y", pm.Normal.dist(0, 1), lower=None, upper=c, observed=pm.Data("yd", y))
+    return "c", None
+
+
+def pareto_scale():
+    m = pm.Uniform("m", 0, 3)
+    pm.Pareto("y", 3.0, m=m, observed=pm.Data("yd", 1 + RNG.pareto(3, N)))
+    return "m", None
+
+
+def custom_shifted_exponential():
+    loc = pm.Normal("loc", 0, 3)
+
+    def logp(value, loc):
+        return pt.switch(value < loc, -np.inf, -(value - loc))
+
+    pm.CustomDist("y", loc, logp=logp, observed=pm.Data("yd", 2 + RNG.exponential(size=N)))
+    return "loc", None
+
+
+def beta_binomial_trials():
+    y = RNG.poisson(3, N)
+    y[5] = 14
+    n = pm.DiscreteUniform("n", 1, 40)
+    pm.BetaBinomial("y", alpha=2, beta=3, n=n, observed=pm.Data("yd", y))
+    return "n", np.arange(1, 41)
+
+
+def categorical_picks_the_bound():
+    y = RNG.poisson(3, N)
+    y[5] = 14
+    k = pm.Categorical("k", np.ones(4) / 4)
+    pm.DiscreteUniform("y", 0, pt.as_tensor([5, 10, 15, 20])[k], observed=pm.Data("yd", y))
+    return "k", np.arange(4)
+
+
 EXPECTED = {
+    truncated_poisson_upper: "bounds",
+    censored_moving_upper: "unknown",
+    pareto_scale: "bounds",
+    custom_shifted_exponential: "bounds",
+    beta_binomial_trials: "bounds",
+    categorical_picks_the_bound: "bounds",
     discrete_uniform: "bounds",
     uniform_upper: "bounds",
     uniform_window: "bounds",

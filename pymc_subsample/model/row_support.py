@@ -39,12 +39,12 @@ import numpy as np
 import pytensor.tensor as pt
 from pymc.logprob.utils import CheckParameterValue
 from pytensor.graph.basic import Constant, Variable
-from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
+from pytensor.graph.traversal import graph_inputs, io_toposort
 from pytensor.scalar import basic as ps
 from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
-from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
 
 from .batched import vectorize_per_point
 from .function_cache import compile_cached
@@ -88,6 +88,32 @@ def _is_neg_inf(var) -> bool:
     except NotScalarConstantError:
         return False
     return bool(np.isneginf(value))
+
+
+def _value_inputs(node) -> list:
+    """Return the inputs of ``node`` its output's values read (not those giving only shapes)."""
+    op = node.op
+    if isinstance(op, Shape | Shape_i):
+        return []
+    if isinstance(op, Alloc | SpecifyShape):
+        return [node.inputs[0]]
+    if isinstance(_scalar_op(node), ps.Second):  # fill: x's shape, y's values
+        return [node.inputs[1]]
+    return list(node.inputs)
+
+
+def _reads(var, which: set) -> bool:
+    """Return True when the values of ``var`` depend on a variable of ``which``."""
+    seen, stack = set(), [var]
+    while stack:
+        v = stack.pop()
+        if v in which:
+            return True
+        if v in seen or v.owner is None:
+            continue
+        seen.add(v)
+        stack.extend(_value_inputs(v.owner))
+    return False
 
 
 def _never(cond, negated: bool) -> bool:
@@ -179,8 +205,7 @@ def find_support_conditions(graph, block: Sequence, data: Sequence) -> list[Supp
             negated = True
         else:
             continue
-        reads = set(ancestors([cond]))
-        if reads & block and reads & data and not _never(cond, negated):
+        if _reads(cond, block) and _reads(cond, data) and not _never(cond, negated):
             found.append(SupportCondition(cond, negated, node.outputs[0] in direct))
     return found
 
@@ -227,8 +252,7 @@ def any_over_rows(
     data, values = set(data), set(values)
     statistics: list[tuple[Variable, Variable]] = []
 
-    def reads(var, which) -> bool:
-        return bool(set(ancestors([var])) & which)
+    reads = _reads
 
     def statistic(expr, how):
         stat = {"min": pt.min, "max": pt.max, "any": pt.any}[how](expr, axis=0, keepdims=True)
