@@ -137,7 +137,18 @@ def categorical_picks_the_bound():
     return "k", np.arange(4)
 
 
+def group_bounds():
+    """One bound per group, read through the row's group index: per-group extremes."""
+    g = RNG.integers(0, 3, N)
+    y = RNG.integers(1, 10, N)
+    y[[3, 4]], g[[3, 4]] = [20, 14], [1, 2]
+    m = pm.DiscreteUniform("m", 1, 30, shape=3)
+    pm.DiscreteUniform("y", 1, m[pm.Data("g", g)], observed=pm.Data("yd", y))
+    return "m", np.array([[a, b, c] for a in (5, 9, 12) for b in (15, 19, 20) for c in (9, 14)])
+
+
 EXPECTED = {
+    group_bounds: "bounds",
     truncated_poisson_upper: "bounds",
     censored_moving_upper: "unknown",
     pareto_scale: "bounds",
@@ -329,3 +340,22 @@ def test_racing_metropolis_rejects_every_proposal_outside_the_support():
     scale = 1.7 / (n + 1.0)  # the exact posterior's sd, about its excess over 1.7
     excess = draws - 1.7
     assert abs(excess.mean() - scale) < 0.5 * scale
+
+
+def test_gibbs_on_group_bounds_never_draws_an_impossible_value():
+    """M[k] bounds the rows of group k: every element drawn at its group's largest count
+    (the exact conditional is all but a point mass there at N = 20,000), no audits."""
+    rng = np.random.default_rng(1)
+    n = 20_000
+    g = rng.integers(0, 3, n)
+    y = rng.integers(1, 10, n)
+    y[[5, 6, 7]], g[[5, 6, 7]] = [20, 14, 25], [0, 1, 2]
+    with pm.Model() as model:
+        m = pm.DiscreteUniform("m", 1, 30, shape=3)
+        pm.DiscreteUniform("y", 1, m[pm.Data("g", g)], observed=pm.Data("yd", y))
+        step = SubsampledCategoricalGibbs([m], rng=0, audit=AuditOptions(every=0))
+    current = model.initial_point() | {"m": np.array([20, 14, 25])}
+    for _ in range(30):
+        current, _ = step.step(current)
+        np.testing.assert_array_equal(current["m"], [20, 14, 25])
+    assert step.row_support.mode == "bounds" and not step.decides_exactly

@@ -45,6 +45,7 @@ from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.shape import Shape, Shape_i, SpecifyShape
+from pytensor.tensor.subtensor import AdvancedSubtensor
 
 from .batched import vectorize_per_point
 from .function_cache import compile_cached
@@ -52,6 +53,7 @@ from .function_cache import compile_cached
 __all__ = [
     "SUPPORT_MODES",
     "RowSupport",
+    "Statistic",
     "SupportCondition",
     "any_over_rows",
     "find_support_conditions",
@@ -65,6 +67,34 @@ SUPPORT_MODES = ("none", "bounds", "unknown")
 
 class _Unsupported(Exception):
     """A condition that does not reduce to statistics of the data."""
+
+
+@dataclass(frozen=True)
+class Statistic:
+    r"""A statistic of the data that a placeholder stands for in a support check.
+
+    ``outputs`` are graphs of the data alone; ``groups`` is None when the single
+    output is the statistic itself (a minimum, maximum or "any" over rows, dims
+    kept), else the number :math:`G` of groups: the outputs are then a row
+    expression :math:`d_n` and a group index :math:`g_n`, and the statistic is
+    :math:`\max_{n: g_n = k} d_n` (``how="max"``) or the minimum, for
+    :math:`k = 0..G-1` (:math:`\mp\infty` for an empty group).
+    """
+
+    holder: Variable
+    outputs: tuple
+    how: str = "plain"
+    groups: int | None = None
+
+    def value(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Return the statistic from the values of :attr:`outputs`."""
+        if self.groups is None:
+            return np.asarray(arrays[0])
+        rows, index = (np.asarray(a) for a in arrays)
+        big = np.inf if self.how == "min" else -np.inf
+        out = np.full(self.groups, big)
+        (np.minimum if self.how == "min" else np.maximum).at(out, index, rows)
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,7 +249,7 @@ _ROW_SIDE_RIGHT = {pt.lt: "max", pt.le: "max", pt.gt: "min", pt.ge: "min"}
 
 def any_over_rows(
     condition, negated: bool, data: Sequence, values: Sequence
-) -> tuple[Variable, list[tuple[Variable, Variable]]]:
+) -> tuple[Variable, list[Statistic]]:
     r"""Rewrite :math:`\exists n: B_n(\theta)` as a row-free graph and statistics of the data.
 
     Parameters
@@ -238,9 +268,11 @@ def any_over_rows(
     tuple
         ``(check, statistics)``: ``check`` a boolean graph, with the rows reduced
         (keeping the other axes), whose ``any()`` is :math:`\exists n: B_n(\theta)`;
-        ``statistics`` the pairs ``(placeholder, statistic)``, each statistic a
-        graph of the data alone (a minimum, maximum or "any" over rows, dims kept)
-        that the placeholder stands for in ``check``.
+        ``statistics`` the :class:`Statistic` records of the data that
+        placeholders stand for in ``check``: a minimum, maximum or "any" over
+        rows, or per group when the block enters a comparison as ``p[g_n]``,
+        ``g`` a row's group index in the data
+        (:math:`\exists n: d_n > p_{g_n} \iff \exists k: \max_{g_n = k} d_n > p_k`).
 
     Raises
     ------
@@ -250,15 +282,49 @@ def any_over_rows(
         both mix the rows and the block).
     """
     data, values = set(data), set(values)
-    statistics: list[tuple[Variable, Variable]] = []
+    statistics: list[Statistic] = []
 
     reads = _reads
 
     def statistic(expr, how):
         stat = {"min": pt.min, "max": pt.max, "any": pt.any}[how](expr, axis=0, keepdims=True)
         holder = stat.type()
-        statistics.append((holder, stat))
+        statistics.append(Statistic(holder, (stat,)))
         return holder
+
+    def grouped(expr, how, index, n_groups):
+        holder = pt.vector(dtype="float64", shape=(n_groups,))
+        statistics.append(Statistic(holder, (expr, index), how, n_groups))
+        return holder
+
+    def ungather(side):
+        """``f(p)[g]`` with ``p`` the block's, ``g`` a row index, ``f`` elementwise: ``f(p), g``."""
+        node = side.owner
+        if node is None:
+            return None
+        if isinstance(node.op, AdvancedSubtensor) and len(node.inputs) == 2:
+            base, index = node.inputs
+            if (
+                not reads(base, data)
+                and index.ndim == 1
+                and index.dtype.startswith(("int", "uint"))
+                and not reads(index, values)
+                and base.ndim == 1
+                and base.type.shape[0] is not None
+            ):
+                return base, index
+            return None
+        if isinstance(node.op, Elemwise):
+            mixed = [x for x in node.inputs if reads(x, data)]
+            if len(mixed) != 1 or any(x.ndim > 1 for x in node.inputs):
+                return None
+            found = ungather(mixed[0])
+            if found is None:
+                return None
+            base, index = found
+            inputs = [base if x is mixed[0] else x for x in node.inputs]
+            return node.op(*inputs), index
+        return None
 
     def rewrite(var, neg):
         if not reads(var, data):  # the same on every row
@@ -286,6 +352,13 @@ def any_over_rows(
                 return cmp(statistic(left, _ROW_SIDE_LEFT[cmp]), right)
             if not reads(right, values) and not reads(left, data):
                 return cmp(left, statistic(right, _ROW_SIDE_RIGHT[cmp]))
+            # per group: d_n against p[g_n], decided by each group's extreme of d
+            for rows, side, how in ((left, right, _ROW_SIDE_LEFT), (right, left, _ROW_SIDE_RIGHT)):
+                found = None if reads(rows, values) or rows.ndim != 1 else ungather(side)
+                if found is not None:
+                    base, index = found
+                    stat = grouped(rows, how[cmp], index, base.type.shape[0])
+                    return cmp(stat, base) if rows is left else cmp(base, stat)
             raise _Unsupported("a comparison whose sides both mix the rows and the block")
         raise _Unsupported(f"{node.op if node is not None else var} on the rows and the block")
 
@@ -333,8 +406,9 @@ class RowSupport:
             return
         checks = [pt.any(check) for check, _ in parts]
         bad = checks[0] if len(checks) == 1 else pt.any(pt.stack(checks))
-        holders = [h for _, stats in parts for h, _ in stats]
-        stats = [s for _, stats in parts for _, s in stats]
+        self._statistics = [st for _, stats in parts for st in stats]
+        holders = [st.holder for st in self._statistics]
+        stats = [out for st in self._statistics for out in st.outputs]
         batch = dict(zip(terms.vars, terms.candidate_vars, strict=True))
         vectorized = vectorize_per_point(pt.as_tensor(bad), batch)
         # small graphs, called on a few scalars, and a one-off pass over the data: Python's
@@ -368,7 +442,12 @@ class RowSupport:
         if self.mode != "bounds":
             return np.zeros(n_cands, dtype=bool)
         if self._stats is None:
-            self._stats = [] if self._stats_fn is None else list(self._stats_fn())
+            values = [] if self._stats_fn is None else list(self._stats_fn())
+            self._stats = []
+            for st in self._statistics:
+                k = len(st.outputs)
+                self._stats.append(st.value(values[:k]).astype(st.holder.dtype))
+                values = values[k:]
         cands, others = self._terms._exact_arrays(candidates, point)
         out = np.asarray(self._check_fn(*cands, *others, *self._stats), dtype=bool)
         return np.broadcast_to(out, (n_cands,)).copy()
