@@ -78,6 +78,7 @@ def _build(model, kind: str, draws: int = 2):
                 race=RaceOptions(batch_size=400, exact_fraction=0.1),
                 audit=AuditOptions(every=0),
             )
+            step.finish_compiling()  # the compiled race (and its driver) a long chain reaches
     point = model.initial_point()
     for _ in range(draws):
         point, _ = step.step(point)
