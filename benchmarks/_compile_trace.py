@@ -226,6 +226,7 @@ class CompileTrace:
                         "calls",
                         "all_calls_s",
                         "n_nodes",
+                        "linker",
                     )
                 }
                 for f in self.functions

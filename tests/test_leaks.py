@@ -262,6 +262,7 @@ def test_steps_that_share_a_function_share_its_chunk_loop():
     sums = []
     for _ in range(2):
         step = _build(model, "racing", draws=0)
+        step.terms.promote()  # the Numba tier, whose kernel the chunk loop calls
         step.terms.loglik_sum([np.array([0.1, 0.2])], model.initial_point())
         sums.append(step.terms._sum_rows)
     assert sums[0].fn is sums[1].fn
