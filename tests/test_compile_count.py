@@ -29,6 +29,15 @@ MAX_NUMBA = {"gibbs": 1, "racing": 2}
 MAX_ALL = {"gibbs": 9, "racing": 13}
 
 
+@pytest.fixture(autouse=True)
+def new_machine(monkeypatch, tmp_path):
+    """No graph compiled on this machine before (else its functions start in Numba)."""
+    from pymc_subsample.model import tiered
+
+    monkeypatch.setattr(tiered, "_SEEN", set())
+    monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "seen.txt")
+
+
 @pytest.fixture
 def count_compiles(monkeypatch):
     """Record the linker of every PyTensor function compiled while the fixture is active."""
@@ -93,6 +102,9 @@ def test_tiered_function_moves_once_it_has_paid():
     assert fn.promoted and promotions() == before + 1
     assert isinstance(fn.maker.linker, NumbaLinker)
     np.testing.assert_allclose(fn(value), first, rtol=1e-12)
+    # recorded: the same graph compiled again on this machine starts in Numba
+    again = TieredFunction(compile_in, budget=0.0)
+    assert again.promoted and promotions() == before + 1
 
 
 def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
