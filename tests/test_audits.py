@@ -100,6 +100,7 @@ def test_compiled_lean_path_audits_against_the_joint_density():
             ),
             audit=AuditOptions(every=1),
         )
+    step.finish_compiling()  # the compiled tier a long chain reaches
     assert step.compiled
     corrupt(step, 0.02)  # about 4.5 sd of the data's mean
     with pytest.warns(UserWarning, match="structural or stale"):

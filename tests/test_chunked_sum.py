@@ -33,6 +33,7 @@ def test_chunked_sums_equal_the_sums_of_all_terms(regression, batches, monkeypat
     with model:
         step = SubsampledCategoricalGibbs([q], race=RaceOptions(batches=batches))
     terms = step.terms
+    terms.promote()  # the Numba tier, whose kernel the chunk loop calls
     point = model.initial_point() | {"beta": np.array([0.3, -0.2, 1.0])}
     cands = [np.arange(4)]
     sums = terms.loglik_sum(cands, point)
@@ -54,6 +55,22 @@ def test_a_small_population_is_summed_in_one_call(regression):
     )
 
 
+def test_the_first_tier_sums_in_one_call_and_the_loop_comes_with_numba(regression, monkeypatch):
+    """Before its function moves to Numba the sum is one call; after, the chunk loop."""
+    monkeypatch.setattr(chunked_sum, "CHUNK_BYTES", 2048)
+    model, q = regression
+    with model:
+        step = SubsampledCategoricalGibbs([q])
+    terms, point = step.terms, model.initial_point()
+    if terms._sum_rows.fn.promoted:  # shared with a step of another test that promoted it
+        return
+    first = terms.loglik_sum([np.arange(4)], point)
+    assert terms._sum_rows._driver is None
+    terms.promote()
+    np.testing.assert_allclose(terms.loglik_sum([np.arange(4)], point), first, rtol=1e-12)
+    assert terms._sum_rows._driver is not None
+
+
 def test_chunk_rows_follow_the_bytes_of_a_row():
     summer = chunked_sum.ChunkedSum(None, 1, 2, 0)
     rows = [np.zeros((10, 3)), np.zeros(10, dtype=np.float32)]  # 28 bytes a row
@@ -70,6 +87,7 @@ def test_a_minus_inf_term_in_one_chunk_makes_that_sum_minus_inf(monkeypatch):
         lower = pm.math.constant([0.9, 0.0, -1.0])[q]
         pm.Uniform("y", lower, lower + 5.0, observed=y_data)
         step = SubsampledCategoricalGibbs([q])
+    step.terms.promote()  # the Numba tier, whose kernel the chunk loop calls
     point = model.initial_point()
     sums = step.terms.loglik_sum([np.arange(3)], point)
     assert step.terms._sum_rows._driver is not None

@@ -235,6 +235,8 @@ def test_gibbs_step_races_compiled_with_the_same_draws(large_selector):
     with model:
         compiled = SubsampledCategoricalGibbs([q], rng=5, **settings)  # the same row permutation
         python = SubsampledCategoricalGibbs([q], rng=5, **settings)
+    for step in (compiled, python):  # the compiled tier a long chain reaches
+        step.finish_compiling()
     assert compiled.compiled
     python._compiled = False
     compiled.rng = np.random.default_rng(5)
@@ -276,6 +278,7 @@ def test_auto_plan_is_timed_on_compiled_looks(large_selector):
     model, q = large_selector
     with model:
         step = SubsampledCategoricalGibbs([q], rng=5)
+    step.finish_compiling()  # the compiled tier a long chain reaches
     assert step.compiled
     assert supports(step.race_config, 5, step.terms.n_obs, totals=True)
     a, b = compiled_look_cost(
@@ -339,6 +342,7 @@ def test_compiled_step_draws_the_exact_conditional(
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.4),
             audit=AuditOptions(every=0),
         )
+    step.finish_compiling()  # the compiled tier a long chain reaches
     assert step.compiled
     assert step.compiled_race.chunk_rewards == (2000 if chunked else compiled.CHUNK_REWARDS)
     draws, st = draw_many(step, point, 1500, "q")
@@ -421,6 +425,7 @@ def test_compiled_step_audits_its_races(large_selector):
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
             audit=AuditOptions(every=1),
         )
+    step.finish_compiling()  # the compiled tier a long chain reaches
     assert step.compiled
     race, compiled_races = step._race_compiled, []
     step._race_compiled = lambda o, p, seed=None: compiled_races.append(1) or race(o, p, seed)
@@ -466,6 +471,7 @@ def test_every_audit_is_timed():
             race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1),
             audit=AuditOptions(every=1),
         )
+    step.finish_compiling()  # the compiled tier a long chain reaches
     assert step.compiled
     race, clock, clocked, free = step._race_compiled, step._audit_clock, [], []
 

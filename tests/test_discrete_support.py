@@ -189,6 +189,7 @@ def test_compiled_race_draws_values_not_indices():
         values = np.arange(5, 13)
         probs = enumerate_posterior(model, "s", values)
         step = SubsampledCategoricalGibbs([s], race=RaceOptions(exact_fraction=0.25, batch_size=50))
+        step.finish_compiling()  # the compiled tier a long chain reaches
         assert step.compiled
         draws = sample(step, draws=1000)["s"].values.ravel()
     assert_frequencies(draws, values, probs)

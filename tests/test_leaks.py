@@ -78,6 +78,7 @@ def _build(model, kind: str, draws: int = 2):
                 race=RaceOptions(batch_size=400, exact_fraction=0.1),
                 audit=AuditOptions(every=0),
             )
+            step.finish_compiling()  # the compiled race (and its driver) a long chain reaches
     point = model.initial_point()
     for _ in range(draws):
         point, _ = step.step(point)
@@ -261,6 +262,7 @@ def test_steps_that_share_a_function_share_its_chunk_loop():
     sums = []
     for _ in range(2):
         step = _build(model, "racing", draws=0)
+        step.terms.promote()  # the Numba tier, whose kernel the chunk loop calls
         step.terms.loglik_sum([np.array([0.1, 0.2])], model.initial_point())
         sums.append(step.terms._sum_rows)
     assert sums[0].fn is sums[1].fn

@@ -218,6 +218,7 @@ def test_compiled_gibbs_race_takes_up_new_data_of_a_new_length():
         step = SubsampledCategoricalGibbs(
             [model["q"]], rng=0, race=RaceOptions(exact_fraction=0.25, batch_size=500), delta=0.01
         )
+        step.finish_compiling()  # the compiled tier a long chain reaches
         assert step.compiled
         pm.sample(step=[step], tune=0, draws=50, random_seed=1, **SAMPLE)
         pm.set_data({"y_data": y_new})

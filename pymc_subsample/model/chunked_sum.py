@@ -87,8 +87,10 @@ class ChunkedSum:
         """
         if self._chunk is None:
             self._chunk = self.chunk_rows(rows)
+        if self._driver is None and len(rows[0]) > 4 * self._chunk:
+            # a function compiled by Numba (a tiered one once it has moved) gets its loop
             jit_fn = getattr(getattr(self.fn, "vm", None), "jit_fn", None)
-            if jit_fn is not None and len(rows[0]) > 4 * self._chunk and self._driver is None:
+            if jit_fn is not None:
                 self._driver = _driver(jit_fn, *self._shape)
         if self._driver is None:  # one call: a small population, or not compiled by Numba
             return np.asarray(self.fn(*cands, *rows, *others), dtype=np.float64)

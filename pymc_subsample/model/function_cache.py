@@ -31,6 +31,8 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
 from pytensor.graph.traversal import io_toposort
 
+from .tiered import TieredFunction
+
 __all__ = ["FUNCTION_CACHE_SIZE", "clear_function_cache", "compile_cached", "graph_key"]
 
 #: Compiled functions kept by each cache (least recently used dropped first): a step
@@ -109,8 +111,43 @@ def _model_shared(model) -> set:
     return {v for v in found if isinstance(v, SharedVariable)}
 
 
+class _Compiler:
+    """``compiler(mode)`` compiles the graph in ``mode`` (None: the given keywords' or default).
+
+    Holds the model weakly (a function kept across models must not keep a
+    dropped model alive), and not at all once pickled: a model with the same
+    bounds checks then compiles the graph.
+    """
+
+    def __init__(self, model, outputs, inputs, trust: bool, kwargs: dict):
+        self._model = weakref.ref(model)
+        self.check_bounds = bool(getattr(model, "check_bounds", True))
+        self.outputs, self.inputs = outputs, list(inputs)
+        self.trust, self.kwargs = trust, kwargs
+
+    def __getstate__(self):
+        return {**self.__dict__, "_model": None}
+
+    def __call__(self, mode=None):
+        kw = self.kwargs if mode is None else {**self.kwargs, "mode": mode}
+        owner = None if self._model is None else self._model()
+        if owner is None:
+            import pymc as pm
+
+            owner = pm.Model(check_bounds=self.check_bounds)
+        fn = owner.compile_fn(self.outputs, inputs=self.inputs, point_fn=False, **kw)
+        fn.trust_input = self.trust
+        return fn
+
+
 def compile_cached(model, outputs, inputs: Sequence, trust: bool = False, **kwargs):
     """Return ``model.compile_fn(outputs, inputs=inputs, point_fn=False, **kwargs)``, compiled once.
+
+    Without a ``mode`` among ``kwargs``, a
+    :class:`~pymc_subsample.model.tiered.TieredFunction`: evaluated by PyTensor's
+    Python VM first, compiled with the default mode (Numba) once its calls have
+    cost a fraction of a second, so that a function called a few times is never
+    compiled. With ``mode``, that mode from the start.
 
     A function compiled for an equal graph (:func:`graph_key`) with the same
     keyword arguments and ``trust`` (PyTensor's ``trust_input``) is returned
@@ -119,11 +156,12 @@ def compile_cached(model, outputs, inputs: Sequence, trust: bool = False, **kwar
     that reads a shared variable of a step's own (not the model's) is
     compiled anew, and not kept.
     """
+    compile_in = _Compiler(model, outputs, inputs, trust, kwargs)
 
     def compile_new():
-        fn = model.compile_fn(outputs, inputs=list(inputs), point_fn=False, **kwargs)
-        fn.trust_input = trust
-        return fn
+        if "mode" in kwargs:
+            return compile_in(None)
+        return TieredFunction(compile_in)
 
     found = graph_key(outputs, inputs)
     kw = _kwargs_key(kwargs)

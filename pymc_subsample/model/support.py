@@ -40,6 +40,7 @@ from pytensor.tensor.random.basic import (
 )
 
 from .blocks import depends_on
+from .tiered import START_MODE
 
 __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
@@ -91,7 +92,10 @@ def discrete_support(model, value_var, initial_point: dict) -> np.ndarray:
         lower, upper = 0, 1
     elif isinstance(op, CategoricalRV):
         (k_graph,) = model.replace_rvs_by_values((rv.owner.inputs[-1].shape[-1],))
-        fn = model.compile_fn(k_graph, inputs=model.value_vars, on_unused_input="ignore")
+        # called once: PyTensor's Python VM, no machine code to compile
+        fn = model.compile_fn(
+            k_graph, inputs=model.value_vars, on_unused_input="ignore", mode=START_MODE
+        )
         lower, upper = 0, int(fn(initial_point)) - 1
     else:
         lower, upper = _bounds(model, rv, op, kind)

@@ -54,6 +54,7 @@ from .row_locality import (
     reject_row_mixing,
 )
 from .term_rows import TermRows
+from .tiered import TieredFunction
 from .union import UnionIndex
 
 __all__ = [
@@ -560,6 +561,17 @@ class ObservationTerms(TermRows):
             cands, others = self._exact_arrays(candidates, point)
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)
+
+    def promote(self) -> None:
+        r"""Compile the terms' functions in their final tier now (Numba), not when they have paid.
+
+        The rows, the sums, :math:`\log f_0` and the windows
+        (:class:`~pymc_subsample.model.tiered.TieredFunction`); functions
+        compiled with a given ``mode`` are left as they are.
+        """
+        for fn in (self._rows_fn, self._exact_fn, self._sum_rows.fn, self._window_fn):
+            if isinstance(fn, TieredFunction):
+                fn.promote()
 
     def compiled_rows(self) -> CompiledRewards | None:
         """Return the rows function's Numba kernel on the permuted copies (random blocks).

@@ -18,6 +18,7 @@ from ..mcmc.cost import choose_exact_after, choose_first_batch, fit_round_cost, 
 from ..model.function_cache import compile_cached
 from ..model.row_support import RowSupport
 from ..model.terms import ObservationTerms
+from ..model.tiered import promotions, uncounted
 from ..options import AuditOptions, RaceOptions, options_or_default
 from ..racing import ExactSwitch, RaceConfig
 from ..racing.common import validate_race_args
@@ -213,6 +214,7 @@ class RacingStep(BlockedStep):
         self.exact_switch = ExactSwitch.never()
         self._reset_audits()
         self._shuffle()
+        self._seen_promotions = promotions()
 
     # -- settings (read-only views of the options) ----------------------------------
 
@@ -398,8 +400,9 @@ class RacingStep(BlockedStep):
             m = min(m, n_obs)
             return median_seconds(lambda: look(m))
 
-        exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
-        return fit_round_cost(call_seconds, n_cands, n_obs), exact
+        with uncounted():  # timing calls: no function moves to its compiled tier for them
+            exact = median_seconds(lambda: self.terms.loglik_sum(cands, point))
+            return fit_round_cost(call_seconds, n_cands, n_obs), exact
 
     def _batch_rewards(self, cands, positions, point) -> np.ndarray:
         """Return what a race's look evaluates on a batch: the raw terms here.
@@ -496,6 +499,9 @@ class RacingStep(BlockedStep):
         """
         if not self.terms.data_unchanged():
             self._take_up_data(point, warn=True)
+        if self._seen_promotions != promotions():
+            self._seen_promotions = promotions()
+            self._functions_promoted(point)
         start = time.perf_counter()
         audit = self._begin_draw()
         if audit and self._joint_fn is None and not self.terms.out_of_core:  # compiled once,
@@ -506,6 +512,31 @@ class RacingStep(BlockedStep):
             return self._draw(point, audit)
         finally:
             self._run_seconds += time.perf_counter() - start
+
+    def finish_compiling(self) -> None:
+        """Compile the step's hot functions with Numba now, and plan the races on them.
+
+        A step starts on PyTensor's Python VM and compiles each function once
+        its calls have paid for it (:mod:`~pymc_subsample.model.tiered`): the
+        first draws come early, the fast ones after a fraction of a second of
+        sampling. Calling this reaches that steady state at once (for timing a
+        step, say); the chain's law is the same either way.
+        """
+        self.terms.promote()
+        self._seen_promotions = promotions()
+        self._functions_promoted(self.initial_point)
+
+    def _functions_promoted(self, point) -> None:
+        """Plan the races again: compiled functions moved to their final tier since the plan.
+
+        The "auto" settings were chosen by timing the functions
+        (:meth:`_plan_races`); a function that moved from PyTensor's Python VM
+        to Numba (:class:`~pymc_subsample.model.tiered.TieredFunction`) costs
+        far less a call, so the plan is made again at ``point``. Each race
+        stays a race of its settings: the chain's law is unchanged.
+        """
+        if any(self._auto_plan):
+            self._replan_races(point)
 
     def _draw(self, point, audit: bool):
         """Draw the block once (audited when ``audit``); return the new point and the stats."""
@@ -587,7 +618,9 @@ class RacingStep(BlockedStep):
 
     def _compile_joint(self) -> None:
         """Compile the model's joint log density for :meth:`_joint_scores`, and call it once."""
-        kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
+        # compiled with the default mode from the start (not tiered): the "auto" audits are
+        # budgeted on their time, and a slow first tier would thin them out
+        kwargs = {"on_unused_input": "ignore", "mode": None, **self._compile_kwargs}
         model = self.model
         fn = compile_cached(model, model.logp(), model.value_vars, **kwargs)
         value = fn(*[self.initial_point[v.name] for v in model.value_vars])

@@ -568,6 +568,11 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
 
     # -- compiled races -------------------------------------------------------------
 
+    def _functions_promoted(self, point) -> None:
+        """Plan the races again, and race compiled where the rows function now allows it."""
+        super()._functions_promoted(point)
+        self._plan_compiled(point)
+
     def _data_taken_up(self, point, resized: bool) -> None:
         """Drop the expansion's sums (renew the reference); plan compiled races for a new N."""
         self._offset_buffer = None  # (log f0 + noise) / N

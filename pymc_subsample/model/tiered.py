@@ -1,0 +1,223 @@
+r"""Compiled functions that start on PyTensor's Python VM and move to Numba once they have paid.
+
+PyTensor's Numba backend turns a graph into machine code at its first call:
+seconds for each graph new to the machine, tens of seconds for the largest
+(an expansion's Hessian), and a step compiles about ten of them. Many are
+called a few times only (a Newton step's sums, the lengths, an audit), and
+even the hot ones need not be fast at the first draw. A :class:`TieredFunction`
+therefore evaluates its graph first with PyTensor's Python VM
+(:data:`START_MODE`: no compilation, NumPy per operation, tens of microseconds
+an operation), and compiles it with the default mode (Numba) once the calls
+have cost a budget in all (:data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE`
+per operation of the graph, the larger: a compilation costs more the larger the
+graph), or after :data:`PROMOTE_CALLS` calls, or at once after a call of
+:data:`SLOW_CALL_SECONDS`. It is the rule of
+ski rental, which spends on the slow tier at most a share of what compiling
+would cost: a function called a few times is never compiled, a hot one is
+compiled after a fraction of a second of draws. Calls that time a function (a
+step planning its races) are not counted (:func:`uncounted`). Both tiers
+evaluate the same graph; their values differ by rounding only.
+
+A machine that has compiled a graph before keeps its machine code in
+PyTensor's Numba cache, where loading it costs a fraction of a second: each
+function that moves is recorded (:func:`graph_digest`, in a file of
+PyTensor's ``base_compiledir``), and a function recorded there starts in its
+final tier, as before tiers existed.
+
+Steps that planned their races on the timings of the first tier read
+:func:`promotions` to plan them again once a function has moved (their
+settings, not their law, change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from pytensor.compile.mode import Mode
+from pytensor.link.vm import VMLinker
+
+__all__ = [
+    "PROMOTE_CALLS",
+    "PROMOTE_SECONDS",
+    "SECONDS_PER_NODE",
+    "SLOW_CALL_SECONDS",
+    "START_MODE",
+    "TieredFunction",
+    "graph_digest",
+    "promotions",
+    "uncounted",
+]
+
+#: Seconds of calls after which a function is compiled with the default mode (Numba), at least.
+PROMOTE_SECONDS = 0.5
+#: Seconds of calls per operation of the first tier's graph after which it is compiled, if more.
+SECONDS_PER_NODE = 0.05
+#: Calls after which a function moves whatever they cost: a function called hundreds of
+#: times is on the sampling path, where the compiled tier pays over a chain.
+PROMOTE_CALLS = 200
+#: A first-tier call that takes this long moves the function at once: its graph is heavy
+#: (a Hessian in many coordinates), where the compiled tier is many times faster.
+SLOW_CALL_SECONDS = 1.0
+
+#: The first tier: PyTensor's Python VM, each operation's NumPy ``perform`` (no C thunks,
+#: no fused loops, which only a compiled backend runs fast), after the usual rewrites.
+START_MODE = Mode(linker=VMLinker(use_cloop=False, c_thunks=False), optimizer="fast_run").excluding(
+    "fusion"
+)
+
+_PROMOTED = [0]
+_COUNTING = [True]
+
+
+#: Digests of the graphs this machine has compiled in their final tier (loaded once).
+_SEEN: set | None = None
+
+
+def _seen_path() -> Path:
+    from pytensor import config
+
+    return Path(config.base_compiledir) / "pymc_subsample_compiled_graphs.txt"
+
+
+def _seen() -> set:
+    global _SEEN
+    if _SEEN is None:
+        try:
+            _SEEN = set(_seen_path().read_text().split())
+        except OSError:
+            _SEEN = set()
+    return _SEEN
+
+
+def _record(digest: str) -> None:
+    _seen().add(digest)
+    try:
+        with _seen_path().open("a") as f:
+            f.write(digest + "\n")
+    except OSError:  # a read-only cache: the next process starts on the first tier again
+        pass
+
+
+def graph_digest(fn) -> str:
+    """Return a digest of a compiled function's graph (its printout and input types)."""
+    from pytensor.printing import debugprint
+
+    out = io.StringIO()
+    debugprint(fn.maker.fgraph, file=out, print_type=True)
+    types = ",".join(str(v.type) for v in fn.maker.fgraph.inputs)
+    return hashlib.sha256((out.getvalue() + types).encode()).hexdigest()
+
+
+@contextmanager
+def uncounted():
+    """Within this block, calls do not count towards any function's budget (timing calls)."""
+    before = _COUNTING[0]
+    _COUNTING[0] = False
+    try:
+        yield
+    finally:
+        _COUNTING[0] = before
+
+
+def promotions() -> int:
+    """Return how many tiered functions have moved to their final tier in this process.
+
+    Those built in it (graphs this machine compiled before) are not counted.
+    """
+    return _PROMOTED[0]
+
+
+class TieredFunction:
+    """A compiled function that starts in :data:`START_MODE` and moves to the default mode.
+
+    Parameters
+    ----------
+    compile : callable
+        ``compile(mode)`` returns the PyTensor function of the graph in
+        ``mode`` (None: the default mode).
+    budget : float, optional
+        Seconds of calls in the first tier after which the function moves
+        (default: :data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE` per
+        operation of its first tier's graph, the larger).
+
+    Notes
+    -----
+    Called as the PyTensor function it stands for. Once moved, :attr:`vm` and
+    :attr:`maker` are the final function's (a compiled kernel, ``vm.jit_fn``,
+    is found there); before, they are None.
+    """
+
+    def __init__(self, compile: Callable, budget: float | None = None):
+        self._compile = compile
+        self.spent = 0.0
+        self.calls = 0
+        self.final = None
+        self.start = compile(START_MODE)
+        if budget is None:
+            n_nodes = len(self.start.maker.fgraph.apply_nodes)
+            budget = max(PROMOTE_SECONDS, SECONDS_PER_NODE * n_nodes)
+        self.budget = float(budget)
+        self._call = self._start_call
+        self.digest = graph_digest(self.start)
+        if self.digest in _seen():  # compiled on this machine before: cached machine code
+            self._finalize()
+
+    def __call__(self, *args):
+        """Evaluate the function (in its current tier)."""
+        return self._call(*args)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_call"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._call = self._start_call if self.final is None else self.final
+
+    def _start_call(self, *args):
+        t0 = time.perf_counter()
+        out = self.start(*args)
+        seconds = time.perf_counter() - t0
+        if _COUNTING[0]:
+            self.spent += seconds
+            self.calls += 1
+        if (
+            self.spent >= self.budget
+            or self.calls >= PROMOTE_CALLS
+            or (_COUNTING[0] and seconds >= SLOW_CALL_SECONDS)
+        ):
+            self.promote()
+        return out
+
+    def promote(self):
+        """Compile the final tier now (its machine code at its first call); return it."""
+        if self.final is None:
+            self._finalize()
+            _PROMOTED[0] += 1
+        return self.final
+
+    def _finalize(self) -> None:
+        self.final = self._compile(None)
+        self._call = self.final
+        self.start = None
+        if self.digest not in _seen():
+            _record(self.digest)
+
+    @property
+    def promoted(self) -> bool:
+        """True once the function runs in its final tier."""
+        return self.final is not None
+
+    @property
+    def vm(self):
+        """The final function's VM (None before the move)."""
+        return None if self.final is None else self.final.vm
+
+    @property
+    def maker(self):
+        """The final function's maker (None before the move)."""
+        return None if self.final is None else self.final.maker

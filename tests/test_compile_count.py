@@ -1,0 +1,148 @@
+"""The number of functions a step compiles before its first draw, guarded.
+
+Each PyTensor function compiled with the Numba backend costs seconds on a model
+new to the machine (tens for the largest), so the steps start on PyTensor's
+Python VM (:mod:`pymc_subsample.model.tiered`) and compile with Numba only
+what has paid for it. These counts, taken over building a step and its first
+draw, must not grow back silently: raise them only with a measured reason
+(``benchmarks/first_draw.py``).
+"""
+
+import functools
+
+import numpy as np
+import pymc as pm
+import pytest
+from pytensor.compile import maker
+from pytensor.link.numba.linker import NumbaLinker
+
+from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.model.function_cache import clear_function_cache
+from pymc_subsample.model.tiered import TieredFunction, promotions
+
+#: Most PyTensor functions compiled with Numba while building the step and drawing once:
+#: the audits' joint log density (the first draw is audited); for RacingMetropolis at this
+#: small N also PyMC's NUTS log density and gradient (its regime when subsampling cannot pay).
+MAX_NUMBA = {"gibbs": 1, "racing": 2}
+#: Most PyTensor functions compiled in all (Numba or the Python VM) over the same span
+#: (measured: 9 and 13; before the tiers, every one of them with Numba).
+MAX_ALL = {"gibbs": 9, "racing": 13}
+
+
+@pytest.fixture(autouse=True)
+def new_machine(monkeypatch, tmp_path):
+    """No graph compiled on this machine before (else its functions start in Numba)."""
+    from pymc_subsample.model import tiered
+
+    monkeypatch.setattr(tiered, "_SEEN", set())
+    monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "seen.txt")
+
+
+@pytest.fixture
+def count_compiles(monkeypatch):
+    """Record the linker of every PyTensor function compiled while the fixture is active."""
+    linkers = []
+    original = maker.FunctionMaker.__init__
+
+    @functools.wraps(original)
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        linkers.append(type(self.linker))
+
+    monkeypatch.setattr(maker.FunctionMaker, "__init__", init)
+    return linkers
+
+
+def _model(n_obs: int = 3000):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=n_obs)
+    scales = np.array([0.5, 1.0, 2.0])
+    y = 1.0 + 0.5 * x + rng.normal(size=n_obs)
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        y_data = pm.Data("y", y)
+        q = pm.Categorical("q", p=np.full(3, 1 / 3))
+        a = pm.Normal("a", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 5.0)
+        pm.Normal("obs", a + b * x_data, pm.math.constant(scales)[q], observed=y_data)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gibbs", "racing"])
+def test_functions_compiled_before_the_first_draw(kind, count_compiles):
+    clear_function_cache()  # steps of other tests would lend theirs
+    model = _model()
+    with model:
+        count_compiles.clear()
+        if kind == "gibbs":
+            step = SubsampledCategoricalGibbs([model["q"]], rng=0)
+        else:
+            step = RacingMetropolis([model["a"], model["b"]], rng=0)
+        step.step(model.initial_point())
+    numba = sum(issubclass(c, NumbaLinker) for c in count_compiles)
+    assert numba <= MAX_NUMBA[kind], count_compiles
+    assert len(count_compiles) <= MAX_ALL[kind], count_compiles
+
+
+def test_tiered_function_moves_once_it_has_paid():
+    """A function moves to Numba after its budget of calls, with the same values."""
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+
+    def compile_in(mode):
+        return model.compile_fn((x**2).sum(), inputs=[x], point_fn=False, mode=mode)
+
+    fn = TieredFunction(compile_in, budget=0.0)
+    before = promotions()
+    value = np.arange(5.0)
+    first = fn(value)  # the Python VM's call, which spends the budget
+    assert fn.promoted and promotions() == before + 1
+    assert isinstance(fn.maker.linker, NumbaLinker)
+    np.testing.assert_allclose(fn(value), first, rtol=1e-12)
+    # recorded: the same graph compiled again on this machine starts in Numba
+    again = TieredFunction(compile_in, budget=0.0)
+    assert again.promoted and promotions() == before + 1
+
+
+def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
+    """A chain whose functions move mid-way (and whose races then run compiled) keeps its law.
+
+    Tiny budgets move the terms' functions after a few draws; the step then plans
+    its races again and races in one compiled call. The frequencies of all draws,
+    before and after the move, match the exact conditional.
+    """
+    from scipy import stats
+
+    from pymc_subsample.model import tiered
+    from pymc_subsample.options import RaceOptions
+
+    monkeypatch.setattr(tiered, "PROMOTE_SECONDS", 0.02)
+    monkeypatch.setattr(tiered, "SECONDS_PER_NODE", 0.0)
+    clear_function_cache()
+    grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
+    y = np.random.default_rng(3).normal(1.5, 1.0, size=20_000)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.full(len(grid), 1 / len(grid)))
+        pm.Normal("y", pm.math.constant(grid)[q], 1.0, observed=y_data)
+        step = SubsampledCategoricalGibbs(
+            [q], rng=1, race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1)
+        )
+    assert not step.compiled  # the Python VM first: no compiled race yet
+    point, draws, compiled_at = model.initial_point(), [], None
+    for t in range(3000):
+        point, _ = step.step(point)
+        draws.append(int(point["q"]))
+        if compiled_at is None and step.compiled:
+            compiled_at = t
+    assert compiled_at is not None and compiled_at < 1500  # moved, early in the chain
+    log_p = stats.norm.logpdf(y[None, :], grid[:, None], 1.0).sum(axis=1)
+    p = np.exp(log_p - log_p.max())
+    p /= p.sum()
+    freq = np.bincount(draws, minlength=len(grid)) / len(draws)
+    # draws of a Gibbs step on q alone are independent: binomial errors, plus delta
+    tol = 4 * np.sqrt(p * (1 - p) / len(draws)) + step.delta
+    assert (np.abs(freq - p) < tol).all(), (freq.round(3), p.round(3))
