@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -124,17 +125,24 @@ class PassFunction:
     """
 
     def __init__(self, fn: Callable, outputs, inputs: Sequence, compile_kwargs: dict):
+        promote = getattr(fn, "promote", None)
+        if promote is not None:  # a pass reads every row: its final (compiled) tier at once
+            promote()
         self.token = os.urandom(8).hex()
         _FUNCTIONS[self.token] = fn
         self.fn = fn
         self._graph = (outputs, list(inputs), dict(compile_kwargs))
+        # a compiled function keeps its inputs and outputs in storage of its own: the threads
+        # of a worker in this process (a cluster with processes=False) call it in turn
+        self._lock = threading.Lock()
 
     def __reduce__(self):
         return _restore, (self.token, self._graph)
 
     def __call__(self, *args):
-        """Call the compiled function."""
-        return self.fn(*args)
+        """Call the compiled function (one thread at a time)."""
+        with self._lock:
+            return self.fn(*args)
 
 
 def _restore(token: str, graph) -> Callable:
