@@ -22,7 +22,10 @@ A machine that has compiled a graph before keeps its machine code in
 PyTensor's Numba cache, where loading it costs a fraction of a second: each
 function that moves is recorded (:func:`graph_digest`, in a file of
 PyTensor's ``base_compiledir``), and a function recorded there starts in its
-final tier, as before tiers existed.
+final tier, as before tiers existed. So does a function that an earlier
+process called at all: a model sampled a second time is compiled as a whole
+(once; its machine code is then cached), so that its functions called a few
+times, on the first tier at a model's first run, do not slow every later run.
 
 Steps that planned their races on the timings of the first tier read
 :func:`promotions` to plan them again once a function has moved (their
@@ -76,6 +79,8 @@ _COUNTING = [True]
 
 #: Digests of the graphs this machine has compiled in their final tier (loaded once).
 _SEEN: set | None = None
+#: Prefix of the digests of functions called (not only built) by an earlier process.
+_USED = "used:"
 
 
 def _seen_path() -> Path:
@@ -164,7 +169,10 @@ class TieredFunction:
         self.budget = float(budget)
         self._call = self._start_call
         self.digest = graph_digest(self.start)
-        if self.digest in _seen():  # compiled on this machine before: cached machine code
+        seen = _seen()
+        # compiled on this machine before (its machine code cached), or called by a process
+        # before: the model runs again, and is compiled as a whole (once, then cached)
+        if self.digest in seen or _USED + self.digest in seen:
             self._finalize()
 
     def __call__(self, *args):
@@ -183,6 +191,8 @@ class TieredFunction:
         out = self.start(*args)
         seconds = time.perf_counter() - t0
         if _COUNTING[0]:
+            if self.calls == 0 and _USED + self.digest not in _seen():
+                _record(_USED + self.digest)  # the next process starts it compiled
             self.spent += seconds
             self.calls += 1
         if (

@@ -286,7 +286,13 @@ class RacingStep(BlockedStep):
         self._auto_plan = (self.batch_size is None, auto_switch)
         self._exact_fraction = exact_fraction
         self._n_cands = n_cands
+        if self._rows_promoted():  # this model's hot function ran here before: all in Numba
+            self.terms.promote()
         self._replan_races(self.initial_point)
+
+    def _rows_promoted(self) -> bool:
+        """Return True once the terms' rows function (the races' hot path) runs compiled."""
+        return bool(getattr(getattr(self.terms, "_rows_fn", None), "promoted", False))
 
     def _replan_races(self, point) -> None:
         """Time the model at ``point`` if a setting is "auto"; set the plan for :math:`N`."""
@@ -533,8 +539,15 @@ class RacingStep(BlockedStep):
         (:meth:`_plan_races`); a function that moved from PyTensor's Python VM
         to Numba (:class:`~pymc_subsample.model.tiered.TieredFunction`) costs
         far less a call, so the plan is made again at ``point``. Each race
-        stays a race of its settings: the chain's law is unchanged.
+        stays a race of its settings: the chain's law is unchanged. Once the
+        rows function (the races' hot path) has moved, the terms' other
+        functions move with it (:meth:`ObservationTerms.promote
+        <pymc_subsample.model.terms.ObservationTerms.promote>`): the plan times
+        the exact pass too, and timed on the slow tier it kept races from their
+        compiled driver.
         """
+        if self._rows_promoted():
+            self.terms.promote()
         if any(self._auto_plan):
             self._replan_races(point)
 
