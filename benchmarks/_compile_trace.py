@@ -52,6 +52,20 @@ def _caller() -> str:
     return fallback or "other"
 
 
+def _timed(original, record):
+    """Wrap ``original`` so that each call's duration in seconds goes to ``record``."""
+
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            record(time.perf_counter() - t0)
+
+    return wrapped
+
+
 class CompileTrace:
     """Record compilations while active (a context manager); :meth:`summary` reads them."""
 
@@ -94,15 +108,10 @@ class CompileTrace:
             return init
 
         def prepare(original):
-            @functools.wraps(original)
-            def wrapped(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    trace._last_rewrite = time.perf_counter() - t0
+            def record(seconds):
+                trace._last_rewrite = seconds
 
-            return staticmethod(wrapped)
+            return staticmethod(_timed(original, record))
 
         def call(original):
             @functools.wraps(original)
@@ -170,15 +179,10 @@ class CompileTrace:
         trace = self
 
         def factory(original):
-            @functools.wraps(original)
-            def wrapped(*args, **kwargs):
-                t0 = time.perf_counter()
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    trace.sections[label] += time.perf_counter() - t0
+            def record(seconds):
+                trace.sections[label] += seconds
 
-            return wrapped
+            return _timed(original, record)
 
         return factory
 

@@ -315,25 +315,27 @@ def run_nuts_dask(args, path: str) -> dict:
         pm.Potential("loglik", LogLik()(beta))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            start = time.perf_counter()
-            idata = pm.sample(
-                tune=args.peer_draws,
-                draws=args.peer_draws,
-                chains=1,
-                cores=1,
-                random_seed=1,
-                progressbar=False,
-                compute_convergence_checks=False,
-                nuts_sampler="pymc",
-                compile_kwargs={"mode": "FAST_COMPILE"},
+            idata, seconds = _one_chain(
+                args.peer_draws, args.peer_draws, compile_kwargs={"mode": "FAST_COMPILE"}
             )
-            seconds = time.perf_counter() - start
     return {
         "sampling_s": seconds,
         "passes": loglik.passes,
         "draws": idata.posterior["beta"].values[0].tolist(),
         "workers_rss": _worker_rss(client),
     }
+
+
+def _one_chain(tune: int, draws: int, **kwargs):
+    """Sample one chain with PyMC's NUTS in the model context; return it and its seconds."""
+    import pymc as pm
+
+    start = time.perf_counter()
+    idata = pm.sample(
+        tune=tune, draws=draws, chains=1, cores=1, random_seed=1, progressbar=False,
+        compute_convergence_checks=False, nuts_sampler="pymc", **kwargs,
+    )  # fmt: skip
+    return idata, time.perf_counter() - start
 
 
 def run_nuts_subsample(args, path: str) -> dict:
@@ -356,18 +358,7 @@ def run_nuts_subsample(args, path: str) -> dict:
         pm.Bernoulli("obs", logit_p=pm.Data("X", x) @ beta, observed=pm.Data("y", y))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            t0 = time.perf_counter()
-            idata = pm.sample(
-                tune=args.tune,
-                draws=args.draws,
-                chains=1,
-                cores=1,
-                random_seed=1,
-                progressbar=False,
-                compute_convergence_checks=False,
-                nuts_sampler="pymc",
-            )
-            seconds = time.perf_counter() - t0
+            idata, seconds = _one_chain(args.tune, args.draws)
     return {
         "read_s": read,
         "sampling_s": seconds,
