@@ -102,8 +102,11 @@ def test_tiered_function_moves_once_it_has_paid():
     assert fn.promoted and promotions() == before + 1
     assert isinstance(fn.maker.linker, NumbaLinker)
     np.testing.assert_allclose(fn(value), first, rtol=1e-12)
-    # recorded: the same graph compiled again on this machine starts in Numba
+    # recorded: the same graph compiled again on this machine starts in Numba (at its
+    # first call: nothing is built before)
     again = TieredFunction(compile_in, budget=0.0)
+    assert not again.promoted and again.start is None
+    np.testing.assert_allclose(again(value), first, rtol=1e-12)
     assert again.promoted and promotions() == before + 1
 
 

@@ -230,7 +230,7 @@ def test_hmc_on_the_expansion_in_the_deterministics_is_accepted_and_exact(arch_b
         in_alpha = RacingMetropolis([z], expand_in=["alpha"], audit=AuditOptions(every=1), rng=4)
         # at N = 20,000 the Laplace fit in z is scored when the step is built, and found poor
         with pytest.warns(UserWarning, match="at construction"):
-            probed = RacingMetropolis([z], rng=4)
+            probed = RacingMetropolis([z], proposal="hmc", rng=4)
         assert probed.regime.reason == "poor_fit" and probed.fit is None
         # without that score, the tuning decisions find it too
         monkeypatch.setattr(NutsRegime, "_probes_fit", property(lambda self: False))

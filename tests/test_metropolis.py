@@ -385,7 +385,7 @@ def wide_regression():
 
 def test_taylor_residuals_sum_to_the_exact_remainder(wide_regression):
     model, mean, _ = wide_regression
-    step = RacingMetropolis([model["b"]], model=model)
+    step = RacingMetropolis([model["b"]], proposal="hmc", model=model)
     terms = step.terms
     expansion = step.expansion  # the step's, compiled with it
     rng = np.random.default_rng(0)
@@ -410,7 +410,7 @@ def test_large_block_defaults_sample_the_exact_posterior(wide_regression):
     """Above 12 coordinates the expansion comes from exact derivatives; draws match."""
     model, mean, cov = wide_regression
     with model:
-        step = RacingMetropolis([model["b"]])
+        step = RacingMetropolis([model["b"]], proposal="hmc")
         idata = pm.sample(
             500, tune=500, chains=2, cores=1, step=step, random_seed=4,
             progressbar=False, compute_convergence_checks=False,
@@ -428,7 +428,7 @@ def test_large_block_defaults_sample_the_exact_posterior(wide_regression):
 def test_hmc_that_is_never_accepted_falls_back_to_a_random_walk(logistic):
     model, _ = logistic
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=4)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=4)
     point = model.initial_point()
     point, (st,) = step.step(point)  # fits the surrogate: the HMC proposal is ready
     assert step.regime == Regime("hmc", True) and st["regime"] == 0

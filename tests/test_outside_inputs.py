@@ -94,9 +94,11 @@ def test_mean_beside_nuts_on_the_scale_matches_the_exact_posterior(normal_data, 
         loc = pm.Deterministic("loc", mu)
         pm.Normal("obs", loc, sigma, observed=y_data)
         if expansion == "stencil":
-            step = _StencilMetropolis([mu])
+            step = _StencilMetropolis([mu], proposal="hmc")
         else:
-            step = RacingMetropolis([mu], expand_in=["loc"] if expansion == "expand_in" else None)
+            step = RacingMetropolis(
+                [mu], proposal="hmc", expand_in=["loc"] if expansion == "expand_in" else None
+            )
         with pytest.warns(UserWarning, match="depend on 'sigma_log__', which another step moves"):
             idata = pm.sample(
                 1000, tune=500, chains=1, step=[step, pm.NUTS([sigma])], random_seed=3, **SAMPLE
@@ -153,7 +155,7 @@ def test_coefficients_beside_a_gibbs_selector_of_the_scale_match_the_exact_mixtu
         q = pm.Categorical("q", p=np.ones(3) / 3)
         beta = pm.Normal("beta", 0, TAU, shape=2)
         pm.Normal("obs", x_data @ beta, pm.math.constant(SCALES)[q], observed=y_data)
-        step = RacingMetropolis([beta])
+        step = RacingMetropolis([beta], proposal="hmc")
         idata = pm.sample(
             1000,
             tune=500,
@@ -181,7 +183,7 @@ def test_nothing_refits_when_no_other_input_moves(normal_data):
         y_data = pm.Data("y", normal_data)
         mu = pm.Normal("mu", 0, 10)
         pm.Normal("obs", mu, 0.7, observed=y_data)
-        step = RacingMetropolis([mu])
+        step = RacingMetropolis([mu], proposal="hmc")
         idata = pm.sample(200, tune=100, chains=1, step=step, random_seed=3, **SAMPLE)
     assert int(idata.sample_stats["n_refits"].sum()) == 0
     assert step.fit.expansions.n_refits == 0
@@ -211,7 +213,7 @@ def test_slope_and_scale_beside_nuts_on_intercepts_match_nuts_on_all():
         sigma = pm.HalfNormal("sigma", 2)
         pm.Normal("obs", a[g_data] + slope * x_data, sigma, observed=y_data)
         exact = pm.sample(1000, tune=500, chains=1, random_seed=5, **SAMPLE)
-        step = RacingMetropolis([slope, sigma])
+        step = RacingMetropolis([slope, sigma], proposal="hmc")
         with pytest.warns(UserWarning, match="depend on 'a', which another step moves"):
             idata = pm.sample(
                 1000,

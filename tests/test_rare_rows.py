@@ -75,7 +75,7 @@ def _normal_model(n, seed=3):
 
 def _tune(model, n_tune):
     with model:
-        step = RacingMetropolis([model["mu"]], rng=1)
+        step = RacingMetropolis([model["mu"]], proposal="hmc", rng=1)
     step.setup_chain(np.random.default_rng(2), tune=n_tune, draws=10)
     point = model.initial_point()
     for _ in range(n_tune):

@@ -21,6 +21,7 @@ from pymc_subsample.mcmc.regime import (
     Regime,
     probe_laplace_fit,
 )
+from pymc_subsample.options import ProposalOptions, RaceOptions
 from pymc_subsample.steps.nuts_regime import NutsRegime
 from support.models import logistic_data, logistic_model
 
@@ -148,7 +149,7 @@ def test_starts_in_nuts_when_the_probe_finds_a_poor_fit():
     model = banana()
     with model:
         with pytest.warns(UserWarning, match="at construction") as caught:
-            step = RacingMetropolis([model["a"], model["b"]], rng=3)
+            step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=3)
     message = str(caught[0].message)
     assert "poor_fit" in message and "nats" in message and "N = 1000" in message
     assert step.regime == Regime("nuts", False, "poor_fit") and isinstance(step.nuts, pm.NUTS)
@@ -167,7 +168,7 @@ def test_a_good_probe_keeps_racing():
     with model:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            step = RacingMetropolis(list(model.free_RVs), rng=0)
+            step = RacingMetropolis(list(model.free_RVs), proposal="hmc", rng=0)
     assert step.terms.n_obs <= SMALL_N and step.nuts is None and step.fit is not None
     assert step.regime.proposal == "hmc"
 
@@ -181,7 +182,7 @@ def no_probe(monkeypatch):
 def test_switches_to_nuts_on_a_small_non_gaussian_model(no_probe):
     model = banana()
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=3)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=3)
     assert step.nuts is None and "diverging" in step.stats_dtypes_shapes
     point = model.initial_point()
     with warnings.catch_warnings(record=True) as caught:
@@ -211,7 +212,7 @@ def test_does_not_switch_on_an_easy_large_n_logistic_and_measures_without_side_e
 
     def chain(measure: bool):
         with model:
-            step = RacingMetropolis([model["a"], model["b"]], rng=5)
+            step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=5)
         if not measure:
             monkeypatch.setattr(type(step), "_checks_fit", property(lambda self: False))
         point, draws = model.initial_point(), []
@@ -271,7 +272,7 @@ def test_the_switched_chain_matches_the_exact_posterior():
     with model:
         # the switch comes at construction (the probe) or in tuning: on this ridge either
         with pytest.warns(UserWarning, match="PyMC's NUTS"):
-            step = RacingMetropolis([model["a"], model["b"]], rng=5)
+            step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=5)
             idata = pm.sample(
                 1000, tune=1000, chains=2, cores=1, step=step, random_seed=1,
                 progressbar=False, compute_convergence_checks=False,
@@ -291,7 +292,7 @@ def test_the_random_walk_after_an_hmc_fallback_is_measured_too(no_probe):
     """After 'hmc_rejected' the preconditioned random walk's decisions feed the check."""
     model = banana()
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=4)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=4)
     point = model.initial_point()
     point, _ = step.step(point)  # fits the surrogate
     with pytest.warns(UserWarning, match="falls back to a random walk"):
@@ -313,7 +314,7 @@ def test_a_block_nuts_cannot_take_keeps_racing(monkeypatch):
     monkeypatch.setattr(pm, "NUTS", no_nuts)
     model = banana()
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=3)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=3)
     point = model.initial_point()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -334,7 +335,7 @@ def test_nuts_starts_as_pm_sample_would(no_probe):
     """
     model, _ = curved_banana()
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=2)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=2)
     start = model.initial_point()
     point, seen = start, []
     with pytest.warns(UserWarning, match="PyMC's NUTS"):
@@ -358,7 +359,7 @@ def test_a_switch_in_tuning_reuses_the_probes_compiled_density():
     """The probe passes this ridge at rng 0; the tuning decisions then switch, compiling nothing."""
     model, _ = curved_banana()
     with model:
-        step = RacingMetropolis([model["a"], model["b"]], rng=0)
+        step = RacingMetropolis([model["a"], model["b"]], proposal="hmc", rng=0)
     assert step.nuts is None and step.fit is not None  # the probe passed
     probed = step._nuts_logp
     point = model.initial_point()
@@ -368,3 +369,65 @@ def test_a_switch_in_tuning_reuses_the_probes_compiled_density():
             if step.nuts is not None:
                 break
     assert step.nuts._logp_dlogp_func is probed
+
+
+# -- small N at defaults: NUTS from the start ------------------------------------------------
+
+
+def normal_mean_model(n_obs: int):
+    """y ~ Normal(mu, 1), mu ~ Normal(0, 10): the exact posterior of mu is Normal."""
+    y = 0.7 + np.random.default_rng(4).normal(size=n_obs)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("y", mu, 1.0, observed=y_data)
+    precision = n_obs + 1 / 100
+    return model, y.sum() / precision, precision**-0.5
+
+
+def test_small_n_at_defaults_draws_with_nuts_from_the_start(caplog):
+    """No surrogate, probe or audit; logged once; the kept draws are those of the posterior."""
+    model, mean, sd = normal_mean_model(2_000)
+    with model:
+        with caplog.at_level("INFO", logger="pymc"), warnings.catch_warnings():
+            warnings.simplefilter("error")  # logged, not warned
+            step = RacingMetropolis([model["mu"]], rng=0)
+        assert [r for r in caplog.records if "small_n" in r.getMessage()]
+        assert step.regime == Regime("nuts", False, "small_n") and isinstance(step.nuts, pm.NUTS)
+        assert step.fit is None and step.expansion is None and step._joint_fn is None
+        idata = pm.sample(
+            draws=1_000, tune=500, chains=2, step=[step], random_seed=2, progressbar=False
+        )
+    stats = idata["sample_stats"]
+    assert (stats["regime"].values == REGIME_REASONS.index("small_n")).all()
+    assert int(stats["n_audited"].sum()) == 0 and step._joint_fn is None
+    draws = idata["posterior"]["mu"]
+    mcse = float(az.mcse(draws).values.squeeze())
+    assert abs(float(draws.mean()) - mean) < 4 * mcse  # would fail on a wrong location
+    assert abs(float(draws.std()) / sd - 1) < 0.1  # or scale (ESS of hundreds per chain)
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        {"proposal": "hmc"},
+        {"control_variates": True},
+        {"race": RaceOptions(bound="ebs")},
+        {"proposal_options": ProposalOptions()},
+    ],
+    ids=["proposal", "control_variates", "race", "proposal_options"],
+)
+def test_small_n_races_when_a_race_is_asked_for(asked):
+    model, _, _ = normal_mean_model(2_000)
+    with model:
+        step = RacingMetropolis([model["mu"]], rng=0, **asked)
+    assert step.nuts is None and step.regime.reason == "chosen"
+
+
+def test_small_n_rule_stops_at_its_bound():
+    """At SMALL_N the step starts in NUTS, above it the step races."""
+    for n_obs, nuts in [(SMALL_N, True), (SMALL_N + 1, False)]:
+        model, _, _ = normal_mean_model(n_obs)
+        with model:
+            step = RacingMetropolis([model["mu"]], rng=0)
+        assert (step.regime.reason == "small_n") == nuts

@@ -72,7 +72,7 @@ def test_metropolis_takes_up_new_values_of_the_same_length():
     x_new, y_new = regression_data(2000, -0.3, -0.5, seed=1)
     model = regression_model(x, y)
     with model:
-        step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
+        step = RacingMetropolis([model["alpha"], model["beta"]], proposal="hmc", rng=0)
         first = pm.sample(step=[step], tune=300, draws=500, random_seed=1, **SAMPLE)
         assert_regression_posterior(first, x, y)
         pm.set_data({"x": x_new, "y_data": y_new})
@@ -90,7 +90,7 @@ def test_metropolis_takes_up_new_data_of_a_new_length():
     x_new, y_new = np.concatenate([x_a, x_b]), np.concatenate([y_a, y_b])
     model = regression_model(x, y)
     with model:
-        step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
+        step = RacingMetropolis([model["alpha"], model["beta"]], proposal="hmc", rng=0)
         pm.sample(step=[step], tune=200, draws=100, random_seed=1, **SAMPLE)
         pm.set_data({"x": x_new, "y_data": y_new})
         idata, seen = sample_recording(step, tune=300, draws=500, random_seed=2)
@@ -142,7 +142,7 @@ def test_one_warning_per_change_and_none_without():
     x, y = regression_data(2000, 0.2, 0.5, seed=0)
     model = regression_model(x, y)
     with model:
-        step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
+        step = RacingMetropolis([model["alpha"], model["beta"]], proposal="hmc", rng=0)
     point = model.initial_point()
 
     def draws(n):
@@ -172,7 +172,7 @@ def test_data_inputs_of_different_lengths_are_refused():
     x, y = regression_data(2000, 0.2, 0.5, seed=0)
     model = regression_model(x, y)
     with model:
-        step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
+        step = RacingMetropolis([model["alpha"], model["beta"]], proposal="hmc", rng=0)
     point = model.initial_point()
     x_new, y_new = regression_data(3000, 0.2, 0.5, seed=1)
     with model:
@@ -191,7 +191,7 @@ def test_data_changed_takes_up_new_data_at_once():
     x, y = regression_data(2000, 0.2, 0.5, seed=0)
     model = regression_model(x, y)
     with model:
-        step = RacingMetropolis([model["alpha"], model["beta"]], rng=0)
+        step = RacingMetropolis([model["alpha"], model["beta"]], proposal="hmc", rng=0)
         point, _ = step.step(model.initial_point())
         x_new, y_new = regression_data(3000, 0.2, -0.5, seed=1)
         pm.set_data({"x": x_new, "y_data": y_new})

@@ -53,8 +53,9 @@ __all__ = [
 #: a plain random walk because the surrogate could not be fitted; PyMC's NUTS on the
 #: exact log density because the surrogate fits poorly where subsampling cannot pay; a
 #: plain random walk on the raw terms because the block reaches them only through
-#: operations without a derivative (:mod:`~pymc_subsample.model.gradient_path`).
-REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate", "poor_fit", "no_gradient")
+#: operations without a derivative (:mod:`~pymc_subsample.model.gradient_path`); PyMC's
+#: NUTS from the start because :math:`N` is at most :data:`SMALL_N` and no race was asked for.
+REGIME_REASONS = ("chosen", "hmc_rejected", "no_surrogate", "poor_fit", "no_gradient", "small_n")
 
 #: Tuning decisions a :class:`FitCheck` judges: the last ones, and the fewest it judges.
 FIT_WINDOW = 100

@@ -22,10 +22,11 @@ A machine that has compiled a graph before keeps its machine code in
 PyTensor's Numba cache, where loading it costs a fraction of a second: each
 function that moves is recorded (:func:`graph_digest`, in a file of
 PyTensor's ``base_compiledir``), and a function recorded there starts in its
-final tier, as before tiers existed. So does a function that an earlier
-process called at all: a model sampled a second time is compiled as a whole
-(once; its machine code is then cached), so that its functions called a few
-times, on the first tier at a model's first run, do not slow every later run.
+final tier, as before tiers existed. So does a function whose calls in an
+earlier process cost :data:`PROMOTE_SECONDS` without moving it (called a few
+times, but slowly): a model sampled again compiles it once, and its machine
+code is then cached. A function whose calls cost less (a check at
+construction) stays on the first tier in every process.
 
 Steps that planned their races on the timings of the first tier read
 :func:`promotions` to plan them again once a function has moved (their
@@ -152,7 +153,9 @@ class TieredFunction:
 
     Notes
     -----
-    Called as the PyTensor function it stands for. Once moved, :attr:`vm` and
+    Called as the PyTensor function it stands for. Nothing is built before
+    the first call (a function never called costs no rewrites), nor the
+    first tier when :meth:`promote` comes first. Once moved, :attr:`vm` and
     :attr:`maker` are the final function's (a compiled kernel, ``vm.jit_fn``,
     is found there); before, they are None.
     """
@@ -162,7 +165,23 @@ class TieredFunction:
         self.spent = 0.0
         self.calls = 0
         self.final = None
-        self.start = compile(START_MODE)
+        self.start = None
+        self._budget = budget
+        self.budget = budget
+        self.digest: str | None = None
+        self._call = self._first_call
+
+    def __call__(self, *args):
+        """Evaluate the function (in its current tier)."""
+        return self._call(*args)
+
+    def _begin(self) -> None:
+        """Build the first tier (the graph's rewrites), or the final one if cached or used.
+
+        Deferred to the first call: a function never called costs nothing.
+        """
+        self.start = self._compile(START_MODE)
+        budget = self._budget
         if budget is None:
             n_nodes = len(self.start.maker.fgraph.apply_nodes)
             budget = max(PROMOTE_SECONDS, SECONDS_PER_NODE * n_nodes)
@@ -175,8 +194,8 @@ class TieredFunction:
         if self.digest in seen or _USED + self.digest in seen:
             self._finalize()
 
-    def __call__(self, *args):
-        """Evaluate the function (in its current tier)."""
+    def _first_call(self, *args):
+        self._begin()
         return self._call(*args)
 
     def __getstate__(self):
@@ -184,17 +203,20 @@ class TieredFunction:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._call = self._start_call if self.final is None else self.final
+        if self.final is not None:
+            self._call = self.final
+        else:
+            self._call = self._first_call if self.start is None else self._start_call
 
     def _start_call(self, *args):
         t0 = time.perf_counter()
         out = self.start(*args)
         seconds = time.perf_counter() - t0
         if _COUNTING[0]:
-            if self.calls == 0 and _USED + self.digest not in _seen():
-                _record(_USED + self.digest)  # the next process starts it compiled
             self.spent += seconds
             self.calls += 1
+            if self.spent >= PROMOTE_SECONDS and _USED + self.digest not in _seen():
+                _record(_USED + self.digest)  # it cost time here: the next process compiles it
         if (
             self.spent >= self.budget
             or self.calls >= PROMOTE_CALLS
@@ -205,6 +227,8 @@ class TieredFunction:
 
     def promote(self):
         """Compile the final tier now (its machine code at its first call); return it."""
+        if self.final is None and self.start is None:
+            self._begin()  # recorded as compiled before: final at once, not a promotion
         if self.final is None:
             self._finalize()
             _PROMOTED[0] += 1
@@ -214,7 +238,7 @@ class TieredFunction:
         self.final = self._compile(None)
         self._call = self.final
         self.start = None
-        if self.digest not in _seen():
+        if self.digest is not None and self.digest not in _seen():
             _record(self.digest)
 
     @property

@@ -122,7 +122,12 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         data (Hoffman & Gelman 2014 for its step size); ``"normal"``: a
         preconditioned Gaussian random walk; ``"langevin"``: a stochastic-gradient
         Langevin proposal. Default: ``"hmc"``, or ``"normal"`` with
-        ``ProposalOptions(elemwise=True)``.
+        ``ProposalOptions(elemwise=True)``. With none of ``proposal``,
+        ``scaling``, ``control_variates``, ``expand_in``, ``race``, ``audit``
+        and ``proposal_options`` passed and at most
+        :data:`~pymc_subsample.mcmc.regime.SMALL_N`
+        observations, the step draws with PyMC's NUTS on the exact log density
+        (regime reason ``"small_n"``): no race pays there.
     scaling : float, optional
         Initial leapfrog step size (``"hmc"``, in units of the posterior scale,
         default 0.5), absolute isotropic scale (``"normal"``; None adapts
@@ -206,6 +211,11 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         **moved,
     ):
         reject_moved_keywords(type(self).__name__, moved, ("race", "audit", "proposal_options"))
+        # a race asked for: a proposal, its scale, control variates, race, audit or proposal options
+        race_asked = any(
+            x is not None
+            for x in (proposal, scaling, control_variates, expand_in, race, audit, proposal_options)
+        )
         # before the build: a mistake costs no compile
         race = options_or_default("race", race, RaceOptions)
         audit = options_or_default("audit", audit, AuditOptions)
@@ -228,7 +238,12 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
             exact_fraction=0.25 if race.exact_fraction == "auto" else race.exact_fraction,
         )
         elemwise = proposal_options.elemwise
-        asked = {"proposal": proposal, "control_variates": control_variates, "expand_in": expand_in}
+        asked = {
+            "proposal": proposal,
+            "control_variates": control_variates,
+            "expand_in": expand_in,
+            "race": race_asked,
+        }
         if control_variates is None:
             control_variates = True
         control_variates = check_bool("control_variates", control_variates)
@@ -288,7 +303,11 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         self._coordinates, self._expansion, self._coordinate_expansion = [], None, None
         if not self.gradient_path.connected:
             self._leave_gradient(self.gradient_path)
-        if expand_in or not self._probes_fit or not self._probe_fit(point):
+        # at small N and defaults, PyMC's NUTS on the exact log density: no surrogate, no probe
+        in_nuts = self.gradient_path.connected and self._nuts_at_small_n
+        if not (in_nuts and self._start_in_nuts(point)) and (
+            expand_in or not self._probes_fit or not self._probe_fit(point)
+        ):
             self._build_fit(expand_in, point)
         self.reset_tuning()
 
@@ -464,6 +483,11 @@ class RacingMetropolis(NutsRegime, MetropolisProposals, MetropolisSurrogate, Rac
         return self.block.candidates(rows)
 
     # -- the step -------------------------------------------------------------------
+
+    def _begin_draw(self) -> bool:
+        """As the base step's; never an audit in the NUTS regime (it decides nothing by race)."""
+        audit = super()._begin_draw()
+        return audit and self.regime.proposal != "nuts"
 
     def _draw(self, point, audit):
         """One MH step with a racing accept test; return the new point and stats.

@@ -11,11 +11,13 @@ step's run, and maps NUTS's stats onto the step's.
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import numpy as np
 
 from ..mcmc.regime import SMALL_N, Regime, probe_laplace_fit
+from ..model.gradient_path import block_names
 from .base import AUDIT_NOT_RUN
 
 __all__ = ["NUTS_MIN_TUNE", "NutsRegime"]
@@ -121,6 +123,48 @@ class NutsRegime:
             )
         except (NotImplementedError, TypeError, ValueError) as err:  # no gradient
             return err
+
+    @property
+    def _nuts_at_small_n(self) -> bool:
+        """The step starts in NUTS: :math:`N` at most :data:`SMALL_N`, no race asked for.
+
+        At defaults only (no ``proposal``, ``scaling``, ``control_variates``,
+        ``expand_in``, race, audit or proposal options passed), with a
+        gradient, in memory.
+        """
+        return (
+            not self._asked["race"]
+            and self.bound != "exact"
+            and self.terms.n_obs <= SMALL_N
+            and not self.terms.out_of_core
+        )
+
+    def _start_in_nuts(self, point: dict) -> bool:
+        r"""Draw the block with PyMC's NUTS from the start, where a race cannot pay; True then.
+
+        With :math:`N` at most :data:`SMALL_N` a gradient over every row costs
+        little more than a race's first batch, so NUTS on the exact log
+        density (Hoffman & Gelman 2014) mixes as well per second as the racing
+        HMC, and needs no surrogate: nothing else is compiled, which is most of
+        a new model's wait for its first draw. Logged (PyMC's logger, at the
+        INFO level) and reported as reason ``"small_n"`` in the ``regime``
+        stat; False (racing as asked) where NUTS cannot be built.
+        """
+        nuts = self._build_nuts(point, point)
+        if isinstance(nuts, Exception):
+            return False
+        self.nuts = nuts
+        self.nuts.tune = self.tune
+        self._fall_back(Regime("nuts", False, "small_n"), float(self.nuts.step_size))
+        names = block_names(self.model, self.vars)
+        logging.getLogger("pymc").info(
+            f"RacingMetropolis: N = {self.terms.n_obs} observations (at most {SMALL_N}): a "
+            f"full pass costs less than a race's overhead, so {names} "
+            f"{'are' if ',' in names else 'is'} drawn with PyMC's "
+            f"NUTS on the exact log density (regime 'nuts', reason 'small_n': sampler stat "
+            f"regime = {self.regime.code}). Pass proposal='hmc' to race anyway"
+        )
+        return True
 
     def _enter_nuts(self, nuts, why: str) -> None:
         """Draw the block with ``nuts`` for the rest of the step's run; warn once with ``why``."""
