@@ -21,6 +21,7 @@ import pytensor.tensor as pt
 import pytest
 
 from pymc_subsample import ModelSplitError, RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.mcmc.regime import SMALL_N
 from pymc_subsample.options import AuditOptions, RaceOptions
 
 FAST = RaceOptions(batch_size=25, exact_fraction=0.5)
@@ -576,7 +577,8 @@ AT_SCALE_DEFAULT = {normal_grid, poisson_offset, linear_regression_discrete_scal
     ids=lambda f: f.__name__,
 )
 def test_zoo_model_is_drawn_right_at_scale_with_defaults(builder):
-    model, spec, point = _build(builder, 20_000)
+    # just above the small-N rule, where RacingMetropolis at its defaults races
+    model, spec, point = _build(builder, SMALL_N + 1)
     quick = builder in AT_SCALE_DEFAULT
     check_gibbs(model, spec["gibbs"], point, 600 if quick else 1500, None)
     check_metropolis(model, spec["mh"], point, 300 if quick else 500, 1500 if quick else 2000, None)

@@ -110,7 +110,7 @@ def test_race_delta_follows_the_acceptance_of_tuning():
 
 @pytest.mark.slow
 def test_laplace_location_at_scale_matches_the_exact_conditional():
-    """RacingMetropolis at its defaults on a Laplace location, N = 20,000: the chain's
+    """RacingMetropolis racing HMC on a Laplace location, N = 20,000: the chain's
     quantiles match the exact conditional on a grid (a race that misses the rows between
     two points gave a chain twice as wide)."""
     model = _laplace_model(20_000, seed=11)
@@ -123,7 +123,8 @@ def test_laplace_location_at_scale_matches_the_exact_conditional():
     with model, warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         idata = pm.sample(
-            step=[RacingMetropolis([model["mu"]])], tune=1000, draws=3000, chains=2, cores=1,
+            step=[RacingMetropolis([model["mu"]], proposal="hmc")],
+            tune=1000, draws=3000, chains=2, cores=1,
             random_seed=4, progressbar=False, compute_convergence_checks=False,
         )  # fmt: skip
     draws = idata.posterior["mu"].values.ravel()

@@ -70,7 +70,7 @@ def test_racing_metropolis_is_calibrated_and_a_wrong_ratio_is_not(logistic):
 
     At this N the step's defaults draw with NUTS (regime "small_n"): the race is asked for.
     """
-    good = fast_sbc(logistic, logistic.make_step(logistic.model, proposal="hmc"), 60)
+    good = fast_sbc(logistic, logistic.make_step(logistic.model, **logistic.settings["racing"]), 60)
     assert good.audits > 0
     assert smallest_p(good) > P_MIN, good.pvalues
     bad = fast_sbc(logistic, logistic.make_step(logistic.model, broken=10.0), 60)
@@ -98,7 +98,7 @@ def test_gibbs_sbc_full_rejects_wrong_conditional(selector):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", ["defaults", "exact"])
+@pytest.mark.parametrize("setting", ["racing", "exact"])
 def test_metropolis_sbc_full(setting):
     problem = logistic_problem()
     res = full_sbc(problem, problem.make_step(problem.model, **problem.settings[setting]), 400)

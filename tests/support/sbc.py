@@ -384,7 +384,8 @@ def logistic_problem(n_obs: int = 3000, seed: int = 0) -> Problem:
         simulate,
         make_step,
         {
-            "defaults": {},
+            # at this N the defaults draw with NUTS ("small_n"): the race is asked for
+            "racing": {"proposal": "hmc"},
             "exact": {"race": RaceOptions(bound="exact")},
             "broken": {"broken": 10.0},
         },
