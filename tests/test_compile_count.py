@@ -149,3 +149,42 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     # draws of a Gibbs step on q alone are independent: binomial errors, plus delta
     tol = 4 * np.sqrt(p * (1 - p) / len(draws)) + step.delta
     assert (np.abs(freq - p) < tol).all(), (freq.round(3), p.round(3))
+
+
+def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path):
+    """The budget runs across processes: seconds spent without moving are recorded at exit
+    and counted by the next process, which compiles a function once the runs have paid."""
+    import pytensor.tensor as pt
+
+    from pymc_subsample.model import tiered
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+
+    def compile_in(mode):
+        return model.compile_fn((x**3).sum(), inputs=[x], point_fn=False, mode=mode)
+
+    def new_process():  # a fresh registry of what this machine has seen and spent
+        monkeypatch.setattr(tiered, "_SEEN", None)
+        monkeypatch.setattr(tiered, "_SPENT", {})
+        monkeypatch.setattr(tiered, "_LIVE", tiered.weakref.WeakSet())
+
+    monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "graphs.txt")
+    monkeypatch.setattr(tiered.atexit, "register", lambda f: None)
+    new_process()
+    fn = TieredFunction(compile_in, budget=10.0)
+    fn(np.arange(3.0))
+    assert not fn.promoted and fn.carried == 0.0
+    fn.spent = 6.0  # as if its calls had cost 6 s
+    tiered._record_spent()  # what the process does at exit
+    new_process()
+    again = TieredFunction(compile_in, budget=10.0)
+    again(np.arange(3.0))
+    assert not again.promoted and again.carried == pytest.approx(6.0, abs=1e-3)
+    again.spent += 5.0
+    tiered._record_spent()
+    new_process()
+    third = TieredFunction(compile_in, budget=10.0)  # 11 s spent by the runs before
+    np.testing.assert_allclose(third(np.arange(3.0)), 9.0)  # 0 + 1 + 8
+    assert third.promoted

@@ -22,11 +22,11 @@ A machine that has compiled a graph before keeps its machine code in
 PyTensor's Numba cache, where loading it costs a fraction of a second: each
 function that moves is recorded (:func:`graph_digest`, in a file of
 PyTensor's ``base_compiledir``), and a function recorded there starts in its
-final tier, as before tiers existed. So does a function whose calls in an
-earlier process cost :data:`PROMOTE_SECONDS` without moving it (called a few
-times, but slowly): a model sampled again compiles it once, and its machine
-code is then cached. A function whose calls cost less (a check at
-construction) stays on the first tier in every process.
+final tier, as before tiers existed. The budget runs across processes: the
+seconds a function spent on the first tier without moving are recorded at exit,
+and a later process starts it with those seconds spent, so a function called a
+few times per run (a check at construction, a Newton step's sums) is compiled
+once the runs of the model together have paid for it, not at its second run.
 
 Steps that planned their races on the timings of the first tier read
 :func:`promotions` to plan them again once a function has moved (their
@@ -35,9 +35,11 @@ settings, not their law, change).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import io
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,8 +82,12 @@ _COUNTING = [True]
 
 #: Digests of the graphs this machine has compiled in their final tier (loaded once).
 _SEEN: set | None = None
-#: Prefix of the digests of functions called (not only built) by an earlier process.
-_USED = "used:"
+#: Seconds earlier processes spent calling each graph on the first tier, by digest.
+_SPENT: dict[str, float] = {}
+#: Prefix of a line that records such seconds: ``spent:<digest>:<seconds>``.
+_SPENT_PREFIX = "spent:"
+#: The functions of this process still on the first tier (their seconds recorded at exit).
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 def _seen_path() -> Path:
@@ -94,10 +100,36 @@ def _seen() -> set:
     global _SEEN
     if _SEEN is None:
         try:
-            _SEEN = set(_seen_path().read_text().split())
+            lines = _seen_path().read_text().split()
         except OSError:
-            _SEEN = set()
+            lines = []
+        _SEEN = set()
+        for line in lines:
+            if line.startswith(_SPENT_PREFIX):
+                digest, _, seconds = line[len(_SPENT_PREFIX) :].partition(":")
+                try:
+                    _SPENT[digest] = _SPENT.get(digest, 0.0) + float(seconds)
+                except ValueError:  # a line cut short by a process stopped mid-write
+                    pass
+            else:
+                _SEEN.add(line)
+        atexit.register(_record_spent)
     return _SEEN
+
+
+def _record_spent() -> None:
+    """At exit, record the first-tier seconds of this process's functions that did not move."""
+    lines = []
+    for fn in list(_LIVE):
+        new = fn.spent - fn.carried
+        if fn.final is None and fn.digest is not None and new > 0:
+            lines.append(f"{_SPENT_PREFIX}{fn.digest}:{new:.4f}\n")
+    if lines:
+        try:
+            with _seen_path().open("a") as f:
+                f.write("".join(lines))
+        except OSError:
+            pass
 
 
 def _record(digest: str) -> None:
@@ -169,6 +201,7 @@ class TieredFunction:
         self._budget = budget
         self.budget = budget
         self.digest: str | None = None
+        self.carried = 0.0  # seconds earlier processes spent on this graph's first tier
         self._call = self._first_call
 
     def __call__(self, *args):
@@ -189,10 +222,13 @@ class TieredFunction:
         self._call = self._start_call
         self.digest = graph_digest(self.start)
         seen = _seen()
-        # compiled on this machine before (its machine code cached), or called by a process
-        # before: the model runs again, and is compiled as a whole (once, then cached)
-        if self.digest in seen or _USED + self.digest in seen:
+        # the budget runs across processes: what earlier runs of the model spent counts
+        self.carried = self.spent = _SPENT.get(self.digest, 0.0)
+        # compiled on this machine before (its machine code cached), or paid for already
+        if self.digest in seen or (self.carried > 0 and self.spent >= self.budget):
             self._finalize()
+        else:
+            _LIVE.add(self)
 
     def _first_call(self, *args):
         self._begin()
@@ -207,6 +243,9 @@ class TieredFunction:
             self._call = self.final
         else:
             self._call = self._first_call if self.start is None else self._start_call
+            if self.start is not None:  # a process of pm.sample's: its seconds recorded too
+                _seen()
+                _LIVE.add(self)
 
     def _start_call(self, *args):
         t0 = time.perf_counter()
@@ -215,8 +254,6 @@ class TieredFunction:
         if _COUNTING[0]:
             self.spent += seconds
             self.calls += 1
-            if self.spent >= PROMOTE_SECONDS and _USED + self.digest not in _seen():
-                _record(_USED + self.digest)  # it cost time here: the next process compiles it
         if (
             self.spent >= self.budget
             or self.calls >= PROMOTE_CALLS
