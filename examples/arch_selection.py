@@ -639,12 +639,68 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     return log_prior_q - log_prior_q.max()
 
 
+def tiered_functions(obj, found: dict | None = None, seen: set | None = None) -> dict:
+    """Every :class:`~pymc_subsample.model.tiered.TieredFunction` reachable from ``obj``.
+
+    Walks attributes, lists, tuples and dict values (each object once); returns them by id.
+    """
+    from pymc_subsample.model.tiered import TieredFunction
+
+    found = {} if found is None else found
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, str | bytes | np.ndarray | int | float):
+        return found
+    seen.add(id(obj))
+    if isinstance(obj, TieredFunction):
+        found[id(obj)] = obj
+        return found
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, list | tuple | set | frozenset):
+        children = list(obj)
+    else:
+        module = type(obj).__module__ or ""
+        if not module.startswith("pymc_subsample") and module != __name__:
+            return found  # PyMC's and PyTensor's objects hold no tiered function
+        children = list(getattr(obj, "__dict__", {}).values())
+    for child in children:
+        tiered_functions(child, found, seen)
+    return found
+
+
+#: Calls in the pilot from which :func:`finish_compiling` compiles a function: about once
+#: every three draws of its order's step in a 200-draw pilot (six orders), the sampling path.
+HOT_CALLS = 10
+
+
+def finish_compiling(steps, hot_calls: int = HOT_CALLS) -> int:
+    """Compile now the tiered functions of ``steps`` that the pilot called ``hot_calls`` times.
+
+    Our steps' functions start on PyTensor's Python VM and move to Numba once
+    their calls have paid (:mod:`pymc_subsample.model.tiered`); left alone, the
+    ones the chains use move during the first timed run, whose seconds would
+    then hold their compilation while the runs after it reuse it. Compiling
+    the hot ones after the pilot, which runs what the chains run, keeps the
+    runs' seconds to sampling (the chains' law is the same either way); those
+    called a few times (a refit, an audit) stay on the first tier. Returns how
+    many moved.
+    """
+    moved = 0
+    for fn in tiered_functions(steps).values():
+        if fn.calls >= hot_calls and not fn.promoted:
+            fn.promote()  # the steps plan their races again at their next draw
+            moved += 1
+    return moved
+
+
 def steps_and_pilot(
     model, pseudo, log_prior_q, pilot: int, *, control_variates: bool, audit_every="auto"
 ):
     """Build our steps, tune the adjusted prior of q in a pilot and set it in the model.
 
-    Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``.
+    Then compile the functions the pilot called (:func:`finish_compiling`).
+    Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``; the pilot's
+    seconds include that compilation.
     """
     t0 = time.perf_counter()
     with model:
@@ -657,6 +713,9 @@ def steps_and_pilot(
     log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
+    t1 = time.perf_counter()
+    moved = finish_compiling(steps)
+    print(f"compiled {moved} functions after the pilot in {time.perf_counter() - t1:.0f} s")
     pilot_seconds = time.perf_counter() - t0
     print(f"pilot in {pilot_seconds:.0f} s", flush=True)
     print("adjusted log prior of q:", np.round(log_prior_q, 1), flush=True)
