@@ -689,7 +689,7 @@ def finish_compiling(steps, hot_calls: int = HOT_CALLS) -> int:
     their calls have paid (:mod:`pymc_subsample.model.tiered`); left alone, the
     ones the chains use move during the first timed run, whose seconds would
     then hold their compilation while the runs after it reuse it. Compiling
-    the hot ones after the pilot, which runs what the chains run, keeps the
+    the hot ones during the pilot, which runs what the chains run, keeps the
     runs' seconds to sampling (the chains' law is the same either way); those
     called a few times (a refit, an audit) stay on the first tier. Returns how
     many moved.
@@ -1680,7 +1680,8 @@ def write_table(summary: dict, kinds: dict[str, str], n_obs: int, stem: str, ext
         f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
         f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
         f"on one core. P(q) is the posterior under the uniform prior, read back from the "
-        f"adjusted-prior run. Seconds are sampling only: building our steps (compilation and "
+        f"adjusted-prior run. Seconds are sampling (our first run's also the compilation of "
+        f"the functions the pilot called rarely): building our steps (compilation and "
         f"timing) took {notes['build_seconds']:.0f} s, the pilot {notes['pilot_seconds']:.0f} s "
         f"(with the compilation of the functions the chains call), both shared by our two "
         f"runs; control variates on the q race: "
