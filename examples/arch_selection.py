@@ -42,7 +42,9 @@ draws of the pseudoprior pilot, not at a mode):
 
 Our steps are built once; the pilot's draws are their first tuning draws
 (the surrogates of :class:`~pymc_subsample.RacingMetropolis` are fitted
-there), then both of our runs use them.
+there), then both of our runs use them. Halfway through the pilot, the functions
+it called often move to Numba (:func:`finish_compiling`), so that the runs'
+seconds are sampling, not the first run's compilation.
 
 Writes ``arch_table.md``, ``arch_runs.json`` and ``arch_q.png`` into ``--out`` (default:
 the working directory; ``--out docs/examples`` regenerates the documentation's).
@@ -602,7 +604,9 @@ def pilot_shift(shift: np.ndarray) -> np.ndarray:
     return np.clip(shift, -MAX_PILOT_SHIFT, MAX_PILOT_SHIFT)
 
 
-def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np.ndarray:
+def adjust_priors(
+    model, steps, start, log_prior_q, draws: int, seed: int, halfway=None
+) -> np.ndarray:
     r"""Pilot phase: tune the adjusted prior so that the adjusted posterior of q is near uniform.
 
     Wang & Landau (2001)'s flat-histogram update, as adaptive MCMC: after each
@@ -613,7 +617,9 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     the adjusted posterior uniform up to their error; a pilot stuck in one order
     would push it far off, so the pilot's correction is kept within
     ``MAX_PILOT_SHIFT`` nats. The pilot's draws are tuning draws of ``steps``
-    (their surrogates are fitted here and kept).
+    (their surrogates are fitted here and kept). ``halfway``, if given, is called
+    after half of the draws (:func:`finish_compiling`: the second half then runs,
+    and so compiles, what the first half found hot).
     """
     rng = np.random.default_rng(seed)
     for s in steps:
@@ -626,7 +632,9 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     }
     visits = np.zeros(len(Q_GRID), dtype=int)
     since = 0  # draws since every order was visited
-    for _ in range(draws):
+    for t in range(draws):
+        if halfway is not None and t == draws // 2:
+            halfway()
         for s in steps:
             point, _ = s.step(point)
         j = int(point["q"])
@@ -639,12 +647,70 @@ def adjust_priors(model, steps, start, log_prior_q, draws: int, seed: int) -> np
     return log_prior_q - log_prior_q.max()
 
 
+def tiered_functions(obj, found: dict | None = None, seen: set | None = None) -> dict:
+    """Every :class:`~pymc_subsample.model.tiered.TieredFunction` reachable from ``obj``.
+
+    Walks attributes, lists, tuples and dict values (each object once); returns them by id.
+    """
+    from pymc_subsample.model.tiered import TieredFunction
+
+    found = {} if found is None else found
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, str | bytes | np.ndarray | int | float):
+        return found
+    seen.add(id(obj))
+    if isinstance(obj, TieredFunction):
+        found[id(obj)] = obj
+        return found
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, list | tuple | set | frozenset):
+        children = list(obj)
+    else:
+        module = type(obj).__module__ or ""
+        if not module.startswith("pymc_subsample") and module != __name__:
+            return found  # PyMC's and PyTensor's objects hold no tiered function
+        children = list(getattr(obj, "__dict__", {}).values())
+    for child in children:
+        tiered_functions(child, found, seen)
+    return found
+
+
+#: Calls from which :func:`finish_compiling` compiles a function: about once every three
+#: draws of its order's step in a 200-draw pilot (six orders), the sampling path (the
+#: pilot passes half of it halfway through).
+HOT_CALLS = 10
+
+
+def finish_compiling(steps, hot_calls: int = HOT_CALLS) -> int:
+    """Compile now the tiered functions of ``steps`` that the pilot called ``hot_calls`` times.
+
+    Our steps' functions start on PyTensor's Python VM and move to Numba once
+    their calls have paid (:mod:`pymc_subsample.model.tiered`); left alone, the
+    ones the chains use move during the first timed run, whose seconds would
+    then hold their compilation while the runs after it reuse it. Compiling
+    the hot ones during the pilot, which runs what the chains run, keeps the
+    runs' seconds to sampling (the chains' law is the same either way); those
+    called a few times (a refit, an audit) stay on the first tier. Returns how
+    many moved.
+    """
+    moved = 0
+    for fn in tiered_functions(steps).values():
+        if fn.calls >= hot_calls and not fn.promoted:
+            fn.promote()  # the steps plan their races again at their next draw
+            moved += 1
+    return moved
+
+
 def steps_and_pilot(
     model, pseudo, log_prior_q, pilot: int, *, control_variates: bool, audit_every="auto"
 ):
     """Build our steps, tune the adjusted prior of q in a pilot and set it in the model.
 
-    Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``.
+    Halfway through the pilot, the functions its first half called often move to
+    Numba (:func:`finish_compiling`), and its second half compiles them at their
+    first calls. Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``;
+    the pilot's seconds include that compilation.
     """
     t0 = time.perf_counter()
     with model:
@@ -654,7 +720,15 @@ def steps_and_pilot(
     build = time.perf_counter() - t0
     print(f"our steps built in {build:.0f} s", flush=True)
     t0 = time.perf_counter()
-    log_prior_q = adjust_priors(model, steps, starts(pseudo, 1, 11)[0], log_prior_q, pilot, 11)
+
+    def compile_hot():
+        t1 = time.perf_counter()
+        moved = finish_compiling(steps, hot_calls=HOT_CALLS // 2)
+        seconds = time.perf_counter() - t1
+        print(f"halfway through the pilot: {moved} functions to Numba ({seconds:.0f} s)")
+
+    start = starts(pseudo, 1, 11)[0]
+    log_prior_q = adjust_priors(model, steps, start, log_prior_q, pilot, 11, halfway=compile_hot)
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
     pilot_seconds = time.perf_counter() - t0
@@ -1606,9 +1680,11 @@ def write_table(summary: dict, kinds: dict[str, str], n_obs: int, stem: str, ext
         f"N = {n_obs} returns; {reps} run(s) of each sampler (means over runs), each 2 chains "
         f"of {notes['draws']} draws after {notes['tune']} tuning draws, one after the other, "
         f"on one core. P(q) is the posterior under the uniform prior, read back from the "
-        f"adjusted-prior run. Seconds are sampling only: building our steps (compilation and "
-        f"timing) took {notes['build_seconds']:.0f} s, the pilot {notes['pilot_seconds']:.0f} s, "
-        f"both shared by our two runs; control variates on the q race: "
+        f"adjusted-prior run. Seconds are sampling (our first run's also the compilation of "
+        f"the functions the pilot called rarely): building our steps (compilation and "
+        f"timing) took {notes['build_seconds']:.0f} s, the pilot {notes['pilot_seconds']:.0f} s "
+        f"(with the compilation of the functions the chains call), both shared by our two "
+        f"runs; control variates on the q race: "
         f"{'on' if notes['q_control_variates'] else 'off'}. ν, α₀ and Σα are those of the "
         "selected order at each draw."
     )

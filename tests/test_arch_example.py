@@ -347,3 +347,32 @@ def test_data_space_residuals_are_third_order_in_the_bin_spread():
         assert keep.mean() == pytest.approx(0.8, abs=0.01)
         spreads.append(np.abs(resid).max())
     assert 6 < spreads[0] / spreads[1] < 10
+
+
+def test_finish_compiling_moves_the_hot_functions_only(monkeypatch):
+    from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+    from pymc_subsample.model import tiered
+
+    # as on a machine that never ran this model: every function starts on the first tier
+    monkeypatch.setattr(tiered, "_SEEN", set())
+    monkeypatch.setattr(tiered, "_record", lambda digest: None)
+    x = np.random.default_rng(0).normal(size=500)
+    with pm.Model() as model:
+        data = pm.Data("x", x)
+        mu = pm.Normal("mu", 0, 1)
+        k = pm.Categorical("k", p=[0.5, 0.5])
+        pm.Normal("y", mu + k, 1, observed=data)
+        steps = [SubsampledCategoricalGibbs([k]), RacingMetropolis([mu])]
+    point = model.initial_point()
+    for s in steps:
+        s.setup_chain(np.random.default_rng(1), tune=15, draws=0)
+    for _ in range(15):
+        for s in steps:
+            point, _ = s.step(point)
+    fns = list(arch.tiered_functions(steps).values())
+    hot = [f for f in fns if f.calls >= arch.HOT_CALLS and not f.promoted]
+    cold = [f for f in fns if 0 < f.calls < arch.HOT_CALLS and not f.promoted]
+    assert hot
+    assert arch.finish_compiling(steps) == len(hot)
+    assert all(f.promoted for f in hot)
+    assert not any(f.promoted for f in cold)
