@@ -196,6 +196,45 @@ def test_chunk_reader_detects_a_changed_chunk(tmp_path):
         reader.take(np.array([505]))
 
 
+def test_chunk_reader_reads_shard_bytes_of_the_uncompressed_copy(tmp_path):
+    from pymc_subsample.model.out_of_core_copy import LocalShards
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10_007, 3)).astype("f4")  # the last chunk and shard are partial
+    y = rng.integers(0, 5, size=10_007).astype("i1")
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    arrays = []
+    for name, value in (("x", x), ("y", y)):
+        tail = value.shape[1:]
+        out = group.create_array(
+            name, shape=value.shape, chunks=(300, *tail), shards=(1200, *tail),
+            dtype=value.dtype, compressors=None,
+        )  # fmt: skip
+        out[:] = value
+        arrays.append(out)
+    packed = write_group(tmp_path / "z.zarr", chunk=300, x=x)  # compressed, not sharded
+    assert LocalShards.usable(arrays[0]) and LocalShards.usable(arrays[1])
+    assert not LocalShards.usable(packed["x"])
+    crcs = [
+        [zlib.crc32(np.ascontiguousarray(v[s : s + 300]).tobytes()) for v in (x, y)]
+        for s in range(0, len(y), 300)
+    ]
+    reader = ChunkReader(arrays, ["x", "y"], crcs=crcs, cache_bytes=0)
+    assert all(s is not None for s in reader._shards)  # the fast path is taken
+    pos = rng.integers(0, len(y), size=2000)
+    got = reader.take(pos)
+    np.testing.assert_array_equal(got[0], x[pos])
+    np.testing.assert_array_equal(got[1], y[pos])
+    for a, b in ((0, 10_007), (9_000, 10_007), (299, 301), (1_199, 2_401)):
+        win = reader.window(a, b)
+        np.testing.assert_array_equal(win[0], x[a:b])
+        np.testing.assert_array_equal(win[1], y[a:b])
+    assert win[0].flags.writeable
+    arrays[0][600] = -1.0  # rewritten in place: caught by the CRC like a zarr read
+    with pytest.raises(DataChangedError, match="'x' changed"):
+        reader.take(np.array([601]))
+
+
 # -- refusals ------------------------------------------------------------------------------
 
 
