@@ -454,18 +454,64 @@ def test_forked_chains_refused_not_hung(cluster, tmp_path):
                 pm.sample(step=[step], tune=5, draws=5, chains=2, cores=2, progressbar=False)
 
 
-def test_support_bounded_by_the_block_decides_exactly_out_of_core(cluster, tmp_path):
-    """DiscreteUniform(1, M) on zarr rows: the data's extremes are not kept out of core, so
-    every decision is exact (a Dask pass), with the warning, and no impossible M is drawn."""
+def test_support_statistics_out_of_core_match_in_memory(cluster, tmp_path):
+    """DiscreteUniform(1, M) on zarr rows: the data's maximum comes from one Dask pass (not a
+    pass per decision); every candidate is judged as on pm.Data, no warning, no exact decisions,
+    and no impossible M is drawn (the data's maximum sits in the last chunk)."""
+    from pymc_subsample.model import row_support
+
     rng = np.random.default_rng(0)
     y = rng.integers(1, 13, 20_000).astype("i8")
     y[[4000, 10_000, 19_998]] = [40, 45, 50]
     group = write_group(tmp_path / "u.zarr", chunk=5000, y=y)
-    with pm.Model():
-        m = pm.DiscreteUniform("m", 1, 60)
-        pm.DiscreteUniform("obs", 1, m, observed=pms.Data("y", group["y"]))
-        with pytest.warns(UserWarning, match="every decision of this step is exact"):
+    steps = {}
+    for where, data in (
+        ("zarr", lambda: pms.Data("y", group["y"])),
+        ("memory", lambda: pm.Data("y", y)),
+    ):
+        with pm.Model():
+            m = pm.DiscreteUniform("m", 1, 60)
+            pm.DiscreteUniform("obs", 1, m, observed=data())
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # no "every decision is exact"
+                steps[where] = pms.SubsampledCategoricalGibbs([m], rng=0)
+    cands = [np.arange(1, 61)]
+    out = steps["zarr"].row_support.infeasible(cands, {})
+    np.testing.assert_array_equal(out, steps["memory"].row_support.infeasible(cands, {}))
+    np.testing.assert_array_equal(out, cands[0] < 50)
+    assert steps["zarr"].row_support.mode == "bounds" and not steps["zarr"].decides_exactly
+    before = len(row_support._OUT_OF_CORE_STATISTICS)
+    step = steps["zarr"]
+    point = {"m": np.array(55)}
+    for _ in range(20):
+        point, _ = step.step(point)
+        assert point["m"] >= 50
+    assert len(row_support._OUT_OF_CORE_STATISTICS) == before  # computed once
+
+
+def test_grouped_support_statistics_out_of_core(cluster, tmp_path):
+    """DiscreteUniform(1, M[g]) with the groups and the counts out of core: per-group maxima
+    by a Dask pass, equal to the in-memory check on every candidate vector tried."""
+    rng = np.random.default_rng(1)
+    n = 12_000
+    g = rng.integers(0, 3, n).astype("i8")
+    y = rng.integers(1, 10, n).astype("i8")
+    y[[5, 6, 11_990]], g[[5, 6, 11_990]] = [20, 14, 25], [0, 1, 2]
+    group = write_group(tmp_path / "g.zarr", chunk=3000, g=g, y=y)
+    checks = {}
+    for where in ("zarr", "memory"):
+        with pm.Model():
+            gd = pms.Data("g", group["g"]) if where == "zarr" else pm.Data("g", g)
+            yd = pms.Data("y", group["y"]) if where == "zarr" else pm.Data("y", y)
+            m = pm.DiscreteUniform("m", 1, 30, shape=3)
+            pm.DiscreteUniform("obs", 1, m[gd], observed=yd)
             step = pms.SubsampledCategoricalGibbs([m], rng=0)
-        idata = pm.sample(step=[step], tune=0, draws=20, random_seed=1, **SAMPLE)
-    assert step.row_support.mode == "unknown" and step.decides_exactly
-    assert (idata.posterior["m"].values == 50).all()
+        assert step.row_support.mode == "bounds"
+        cands = [rng.integers(10, 30, size=(200, 3))]
+        cands[0][:3] = [[20, 14, 25], [19, 14, 25], [20, 14, 24]]
+        checks[where] = (step.row_support, cands)
+    support, cands = checks["zarr"]
+    expected = checks["memory"][0].infeasible(cands, {})
+    np.testing.assert_array_equal(support.infeasible(cands, {}), expected)
+    np.testing.assert_array_equal(expected[:3], [False, True, True])
+    assert expected.any() and not expected.all()
