@@ -515,3 +515,40 @@ def test_grouped_support_statistics_out_of_core(cluster, tmp_path):
     np.testing.assert_array_equal(support.infeasible(cands, {}), expected)
     np.testing.assert_array_equal(expected[:3], [False, True, True])
     assert expected.any() and not expected.all()
+
+
+def test_shuffle_every_and_set_data_refused_out_of_core(cluster, tmp_path):
+    """The permutation out of core is drawn once (kept in the store): an explicit
+    shuffle_every is refused; pm.set_data on a pymc_subsample.Data is PyMC's TypeError."""
+    x, y = logistic_data(2000)
+    group = write_group(tmp_path / "s.zarr", chunk=500, X=x, y=y)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=3)
+        xd = pms.Data("X", group["X"])
+        pm.Bernoulli("obs", logit_p=xd @ b, observed=pms.Data("y", group["y"]))
+        with pytest.raises(ValueError, match="drawn once and kept in the store"):
+            pms.RacingMetropolis([b], race=RaceOptions(batches="windows", shuffle_every=100))
+        with pytest.raises(TypeError, match="SharedVariable"):
+            pm.set_data({"X": x[:1000]})
+
+
+def test_stage_two_frees_its_pieces_and_a_retry_refuses(tmp_path):
+    """Stage two deletes the staged pieces it read (the copy's peak disk stays near the
+    copy's size); a retried task finds them gone and raises, never reads them as zeros."""
+    from pymc_subsample.model.out_of_core_copy import _stage_one, _stage_two
+
+    y = np.zeros(40, dtype="i1")  # all zeros: a piece equal to the fill value is still staged
+    group = zarr.open_group(str(tmp_path / "st.zarr"), mode="w")
+    stage = group.create_array(
+        "stage", shape=(2, 2, 20), chunks=(1, 1, 20), dtype="i1",
+        config={"write_empty_chunks": True},
+    )  # fmt: skip
+    out = group.create_array("out", shape=(40,), chunks=(10,), dtype="i1")
+    table = deal_table([20, 20], [20, 20], seed=0)
+    for i in range(2):
+        _stage_one(i, 0, table[i], [stage], y[20 * i : 20 * i + 20])
+    crcs = _stage_two(0, 0, table[:, 0], 0, 10, [stage], [out])
+    assert len(crcs) == 2
+    assert not os.listdir(tmp_path / "st.zarr" / "stage" / "c" / "0" / "0")
+    with pytest.raises(RuntimeError, match="staged rows of group 0"):
+        _stage_two(0, 0, table[:, 0], 0, 10, [stage], [out])

@@ -104,8 +104,15 @@ def _stage_two(j, seed, table_col, start, chunk, stages, outs) -> list[list[int]
     """Gather group ``j``'s pieces, shuffle them, write them; return CRC-32 per chunk, input."""
     crcs = []
     rows_all = []
-    for stage in stages:
-        nonzero = np.flatnonzero(table_col)
+    nonzero = np.flatnonzero(table_col)
+    files = [[_piece_file(stage, i, j) for i in nonzero] for stage in stages]
+    for stage, paths in zip(stages, files, strict=True):
+        gone = [p for p in paths if p is not None and not os.path.exists(p)]
+        if gone:  # a retried task after its pieces were freed: never read them as fill values
+            raise RuntimeError(
+                f"staged rows of group {j} of the permuted copy are missing ({gone[0]}): the "
+                "copy is removed; build the step again to write it anew"
+            )
         parts = [stage[i, j, : table_col[i]] for i in nonzero]
         rows_all.append(np.concatenate(parts) if parts else stage[0, j, :0])
     rng = np.random.default_rng([int(seed), 2, j])
@@ -117,7 +124,20 @@ def _stage_two(j, seed, table_col, start, chunk, stages, outs) -> list[list[int]
             if k == 0:
                 crcs.append([])
             crcs[a // chunk].append(zlib.crc32(memoryview(rows[a : a + chunk]).cast("B")))
+    for paths in files:  # free the disk of the pieces read (local stores): the copy's peak
+        for path in paths:  # disk is then about the copy's size, not twice it
+            if path is not None:
+                os.remove(path)
     return crcs
+
+
+def _piece_file(stage, i: int, j: int) -> str | None:
+    """Return the file of staging piece ``(i, j)`` in a local directory store, else None."""
+    root = getattr(stage.store, "root", None)
+    if root is None:
+        return None
+    key = stage.metadata.encode_chunk_key((int(i), int(j), *(0,) * (stage.ndim - 2)))
+    return os.path.join(os.fspath(root), stage.path, key)
 
 
 def _group_path(store: str, fingerprint: str) -> str:
@@ -198,6 +218,8 @@ def permuted_copy(
                     shape=(len(sizes_in), len(layout.group_sizes), piece, *tail),
                     chunks=(1, 1, piece, *tail),
                     dtype=a.dtype,
+                    # every piece written is stored (even all zeros): stage two checks it
+                    config={"write_empty_chunks": True},
                 )
             )
             outs.append(
