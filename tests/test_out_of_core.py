@@ -153,6 +153,23 @@ def test_deal_table_margins():
     np.testing.assert_array_equal(table.sum(axis=0), [6, 6, 6, 3])
 
 
+def test_deal_table_beyond_numpys_limit(monkeypatch):
+    """10^9 rows and more (NumPy's multivariate hypergeometric stops below): drawn one group
+    at a time, same margins, and the same law (means a_i b_j / N within 5 standard errors)."""
+    from pymc_subsample.model import out_of_core_copy
+
+    big = deal_table([4 * 10**8] * 3, [3 * 10**8] * 4, seed=0)
+    np.testing.assert_array_equal(big.sum(axis=1), [4 * 10**8] * 3)
+    np.testing.assert_array_equal(big.sum(axis=0), [3 * 10**8] * 4)
+    monkeypatch.setattr(out_of_core_copy, "HYPERGEOMETRIC_LIMIT", 10)
+    a, b = [7, 5, 9], [6, 6, 6, 3]
+    draws = np.array([deal_table(a, b, seed=s) for s in range(2000)])
+    assert (draws.sum(axis=2) == a).all() and (draws.sum(axis=1) == b).all()
+    expected = np.outer(a, b) / sum(a)
+    se = draws.std(axis=0) / np.sqrt(len(draws))
+    assert (np.abs(draws.mean(axis=0) - expected) < 5 * se + 1e-9).all()
+
+
 def test_permuted_copy_is_a_permutation_reused_and_atomic(cluster, tmp_path):
     from pymc_subsample.model.out_of_core_copy import permuted_copy
 

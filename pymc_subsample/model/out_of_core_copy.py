@@ -60,9 +60,38 @@ def deal_table(sizes_in: Sequence[int], sizes_out: Sequence[int], seed) -> np.nd
     free = np.asarray(sizes_out, dtype=np.int64).copy()
     table = np.zeros((len(sizes_in), len(sizes_out)), dtype=np.int64)
     for i, a in enumerate(sizes_in):
-        table[i] = rng.multivariate_hypergeometric(free, int(a))
+        if free.sum() < HYPERGEOMETRIC_LIMIT:
+            table[i] = rng.multivariate_hypergeometric(free, int(a))
+        else:  # NumPy's marginals method stops below 10^9 places: one group at a time
+            table[i] = _sequential_hypergeometric(rng, free, int(a))
         free -= table[i]
     return table
+
+
+#: NumPy's multivariate hypergeometric (and each count of its univariate one) stays below.
+HYPERGEOMETRIC_LIMIT = 10**9
+
+
+def _sequential_hypergeometric(rng, free: np.ndarray, a: int) -> np.ndarray:
+    r"""Draw a multivariate hypergeometric count of ``a`` among ``free`` one group at a time.
+
+    Group :math:`j` gets a univariate hypergeometric draw of the rows left
+    among its places and those of the groups after it: the same law as
+    :meth:`numpy.random.Generator.multivariate_hypergeometric`, for totals
+    of up to about :math:`2 \cdot 10^9` places.
+    """
+    out = np.zeros(len(free), dtype=np.int64)
+    rest = int(free.sum())
+    for j, places in enumerate(free):
+        rest -= int(places)
+        if a == 0:
+            break
+        if rest >= 10**9 or places >= 10**9:  # NumPy's univariate limits
+            raise ValueError("the permuted copy deals at most about 2e9 rows")
+        take = a if rest == 0 else int(rng.hypergeometric(int(places), rest, a))
+        out[j] = take
+        a -= take
+    return out
 
 
 class CopyLayout:
