@@ -362,6 +362,7 @@ class LocalShards:
         self.root = os.path.join(os.fspath(array.store.root), array.path)
         self._index: dict[int, np.ndarray] = {}
         self._zeros = (0,) * (len(array.shape) - 1)
+        self.chunk_bytes = self.dtype.itemsize * int(np.prod(self.chunk_shape, dtype=np.int64))
 
     @staticmethod
     def usable(array) -> bool:
@@ -410,7 +411,7 @@ class LocalShards:
             return None
         try:
             offset, nbytes = (int(v) for v in self._shard_index(s, fd)[k])
-            if offset == _MISSING:
+            if offset == _MISSING or nbytes != self.chunk_bytes:  # not stored as raw rows
                 return None
             raw = bytearray(nbytes)  # writable, as the rows zarr returns
             if os.preadv(fd, [raw], offset) != nbytes:
