@@ -31,7 +31,13 @@ end. Methods (``--methods``):
   Dask, held in memory), as the full data: its posterior standard deviation is
   about 10 times too wide (reported as the ratio to the reference's).
 
-Writes ``docs/results/tables/out_of_core_<N>.json`` and ``.md``. Run:
+``--model normal``: the conjugate Normal model instead, y_n ~ Normal(mu, 1) (float32,
+mu = 0.3), mu ~ Normal(0, 10), whose exact posterior is Normal with precision
+N + 1/100 and mean sum(y) / (N + 1/100): ``reference`` is then that, from one Dask
+sum; methods ``reference``, ``ours``, ``in_memory`` and ``nuts_subsample``.
+
+Writes ``docs/results/tables/out_of_core_<N>.json`` and ``.md`` (``--model normal``:
+``out_of_core_normal_<N>``). Run:
 ``python benchmarks/out_of_core.py --n 1e8`` (``--n 1e6`` checks it works in
 about a minute).
 """
@@ -50,6 +56,8 @@ import numpy as np
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "results" / "tables"
 BETA_SCALE = 0.5
+#: The conjugate Normal model's true mean, prior sd and noise sd.
+NORMAL_MU, NORMAL_PRIOR_SD = 0.3, 10.0
 
 
 def true_beta(d: int) -> np.ndarray:
@@ -57,7 +65,24 @@ def true_beta(d: int) -> np.ndarray:
 
 
 def store_path(args) -> str:
-    return args.store or f"/tmp/pymc_subsample_bench/logistic_{int(args.n)}_{args.d}.zarr"
+    if args.store:
+        return args.store
+    if args.model == "normal":
+        return f"/tmp/pymc_subsample_bench/normal_{int(args.n)}.zarr"
+    return f"/tmp/pymc_subsample_bench/logistic_{int(args.n)}_{args.d}.zarr"
+
+
+def likelihood(args, x, y):
+    """Add the prior and the likelihood to the model in context; return the free variable."""
+    import pymc as pm
+
+    if args.model == "normal":
+        mu = pm.Normal("beta", 0, NORMAL_PRIOR_SD, shape=1)
+        pm.Normal("obs", mu[0], 1.0, observed=y)
+        return mu
+    beta = pm.Normal("beta", 0, 1, shape=args.d)
+    pm.Bernoulli("obs", logit_p=x @ beta, observed=y)
+    return beta
 
 
 def write_store(args) -> str:
@@ -66,20 +91,24 @@ def write_store(args) -> str:
 
     path = store_path(args)
     n, d, chunk = int(args.n), args.d, int(args.chunk)
+    normal = args.model == "normal"
     try:
         group = zarr.open_group(path, mode="r")
-        if group.attrs.get("complete") and group["X"].shape == (n, d):
+        if group.attrs.get("complete") and group["y"].shape == (n,):
             return path
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.GroupNotFoundError):
         pass
     group = zarr.open_group(path, mode="w")
-    xs = group.create_array("X", shape=(n, d), chunks=(chunk, d), dtype="f4")
-    ys = group.create_array("y", shape=(n,), chunks=(chunk,), dtype="i1")
+    ys = group.create_array("y", shape=(n,), chunks=(chunk,), dtype="f4" if normal else "i1")
+    xs = None if normal else group.create_array("X", shape=(n, d), chunks=(chunk, d), dtype="f4")
     beta = true_beta(d)
     start = time.perf_counter()
     for i, a in enumerate(range(0, n, chunk)):
         rng = np.random.default_rng([7, i])
         m = min(chunk, n - a)
+        if normal:
+            ys[a : a + m] = (NORMAL_MU + rng.normal(size=m)).astype("f4")
+            continue
         x = rng.normal(size=(m, d)).astype("f4")
         xs[a : a + m] = x
         ys[a : a + m] = (rng.random(m) < 1.0 / (1.0 + np.exp(-(x @ beta)))).astype("i1")
@@ -197,15 +226,15 @@ def run_ours(args, path: str, in_memory: bool = False) -> dict:
     client = None if in_memory else _client(args.workers)
     group = zarr.open_group(path, mode="r")
     start = time.perf_counter()
+    normal = args.model == "normal"
     with pm.Model():
         if in_memory:  # the same step on pm.Data: every row read into memory
-            x = pm.Data("X", group["X"][:])
+            x = None if normal else pm.Data("X", group["X"][:])
             y = pm.Data("y", group["y"][:])
         else:
-            x = pms.Data("X", group["X"])
+            x = None if normal else pms.Data("X", group["X"])
             y = pms.Data("y", group["y"])
-        beta = pm.Normal("beta", 0, 1, shape=args.d)
-        pm.Bernoulli("obs", logit_p=x @ beta, observed=y)
+        beta = likelihood(args, x, y)
         step = pms.RacingMetropolis([beta], race=RaceOptions(batches="windows"), rng=0)
         build = time.perf_counter() - start
         point = step.initial_point
@@ -240,6 +269,21 @@ def run_ours(args, path: str, in_memory: bool = False) -> dict:
 
 def run_reference(args, path: str) -> dict:
     client = _client(args.workers)
+    if args.model == "normal":  # conjugate: the exact posterior from one Dask sum
+        import dask.array as da
+        import zarr
+
+        start = time.perf_counter()
+        y = da.from_zarr(zarr.open_group(path, mode="r")["y"])
+        total = float(client.compute(y.astype("f8").sum()).result())
+        precision = int(args.n) + NORMAL_PRIOR_SD**-2
+        return {
+            "seconds": time.perf_counter() - start,
+            "passes": 1,
+            "mean": [total / precision],
+            "cov": [[1.0 / precision]],
+            "workers_rss": _worker_rss(client),
+        }
     loglik = DaskLogLik(path, client)
     start = time.perf_counter()
     mean, cov = laplace(loglik, args.d)
@@ -350,12 +394,12 @@ def run_nuts_subsample(args, path: str) -> dict:
     rng = np.random.default_rng(0)
     idx = np.sort(rng.choice(n, size=max(n // 100, 100), replace=False))
     start = time.perf_counter()
-    x = da.from_zarr(group["X"])[idx].compute()
+    normal = args.model == "normal"
+    x = None if normal else da.from_zarr(group["X"])[idx].compute()
     y = da.from_zarr(group["y"])[idx].compute()
     read = time.perf_counter() - start
     with pm.Model():
-        beta = pm.Normal("beta", 0, 1, shape=args.d)
-        pm.Bernoulli("obs", logit_p=pm.Data("X", x) @ beta, observed=pm.Data("y", y))
+        likelihood(args, None if normal else pm.Data("X", x), pm.Data("y", y))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             idata, seconds = _one_chain(args.tune, args.draws)
@@ -409,6 +453,7 @@ def summarize(name: str, out: dict, ref: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=float, default=1e6, help="rows (1e8, 1e9 for the study)")
+    parser.add_argument("--model", choices=("logistic", "normal"), default="logistic")
     parser.add_argument("--d", type=int, default=4, help="covariates")
     parser.add_argument("--chunk", type=float, default=1e6, help="rows per chunk of the store")
     parser.add_argument("--store", help="zarr store of the data (written when missing)")
@@ -428,10 +473,13 @@ def main() -> None:
     if "reference" not in methods:
         methods.insert(0, "reference")
     results: dict = {}
-    ref_file = OUT / f"out_of_core_{int(args.n)}_reference.json"
+    if args.model == "normal":
+        methods = [m for m in methods if m in ("reference", "ours", "in_memory", "nuts_subsample")]
+    tag = f"out_of_core_{'normal_' if args.model == 'normal' else ''}{int(args.n)}"
+    ref_file = OUT / f"{tag}_reference.json"
     for method in methods:
         cmd = [sys.executable, __file__, "--child", method, "--store", store_path(args)]
-        for flag in ("n", "d", "chunk", "workers", "draws", "tune", "peer_draws"):
+        for flag in ("model", "n", "d", "chunk", "workers", "draws", "tune", "peer_draws"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         if method == "mh_dask":
             cmd += ["--reference", str(ref_file)]
@@ -447,7 +495,7 @@ def main() -> None:
         print(f"{method} done", file=sys.stderr)
     ref = results["reference"]
     rows = [summarize(m, results[m], ref) for m in methods if m in results]
-    stem = OUT / f"out_of_core_{int(args.n)}"
+    stem = OUT / tag
     stem.with_suffix(".json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     keys = sorted({k for r in rows for k in r if k != "method"})
     lines = ["| method | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
@@ -455,9 +503,13 @@ def main() -> None:
         cells = [f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys]
         lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
+    title = (
+        f"Conjugate Normal model, N = {int(args.n)}"
+        if args.model == "normal"
+        else f"Logistic regression, N = {int(args.n)}, d = {args.d}"
+    )
     stem.with_suffix(".md").write_text(
-        f"Logistic regression, N = {int(args.n)}, d = {args.d}, "
-        f"`python benchmarks/out_of_core.py --n {args.n:g}`\n\n{table}\n"
+        f"{title}, `python benchmarks/out_of_core.py {' '.join(sys.argv[1:])}`\n\n{table}\n"
     )
     print(table)
 

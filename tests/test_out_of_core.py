@@ -153,6 +153,23 @@ def test_deal_table_margins():
     np.testing.assert_array_equal(table.sum(axis=0), [6, 6, 6, 3])
 
 
+def test_deal_table_beyond_numpys_limit(monkeypatch):
+    """10^9 rows and more (NumPy's multivariate hypergeometric stops below): drawn one group
+    at a time, same margins, and the same law (means a_i b_j / N within 5 standard errors)."""
+    from pymc_subsample.model import out_of_core_copy
+
+    big = deal_table([4 * 10**8] * 3, [3 * 10**8] * 4, seed=0)
+    np.testing.assert_array_equal(big.sum(axis=1), [4 * 10**8] * 3)
+    np.testing.assert_array_equal(big.sum(axis=0), [3 * 10**8] * 4)
+    monkeypatch.setattr(out_of_core_copy, "HYPERGEOMETRIC_LIMIT", 10)
+    a, b = [7, 5, 9], [6, 6, 6, 3]
+    draws = np.array([deal_table(a, b, seed=s) for s in range(2000)])
+    assert (draws.sum(axis=2) == a).all() and (draws.sum(axis=1) == b).all()
+    expected = np.outer(a, b) / sum(a)
+    se = draws.std(axis=0) / np.sqrt(len(draws))
+    assert (np.abs(draws.mean(axis=0) - expected) < 5 * se + 1e-9).all()
+
+
 def test_permuted_copy_is_a_permutation_reused_and_atomic(cluster, tmp_path):
     from pymc_subsample.model.out_of_core_copy import permuted_copy
 
@@ -194,6 +211,45 @@ def test_chunk_reader_detects_a_changed_chunk(tmp_path):
     group["a"][500] = -1.0  # a chunk not read yet
     with pytest.raises(DataChangedError, match="'a' changed"):
         reader.take(np.array([505]))
+
+
+def test_chunk_reader_reads_shard_bytes_of_the_uncompressed_copy(tmp_path):
+    from pymc_subsample.model.out_of_core_copy import LocalShards
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(10_007, 3)).astype("f4")  # the last chunk and shard are partial
+    y = rng.integers(0, 5, size=10_007).astype("i1")
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    arrays = []
+    for name, value in (("x", x), ("y", y)):
+        tail = value.shape[1:]
+        out = group.create_array(
+            name, shape=value.shape, chunks=(300, *tail), shards=(1200, *tail),
+            dtype=value.dtype, compressors=None,
+        )  # fmt: skip
+        out[:] = value
+        arrays.append(out)
+    packed = write_group(tmp_path / "z.zarr", chunk=300, x=x)  # compressed, not sharded
+    assert LocalShards.usable(arrays[0]) and LocalShards.usable(arrays[1])
+    assert not LocalShards.usable(packed["x"])
+    crcs = [
+        [zlib.crc32(np.ascontiguousarray(v[s : s + 300]).tobytes()) for v in (x, y)]
+        for s in range(0, len(y), 300)
+    ]
+    reader = ChunkReader(arrays, ["x", "y"], crcs=crcs, cache_bytes=0)
+    assert all(s is not None for s in reader._shards)  # the fast path is taken
+    pos = rng.integers(0, len(y), size=2000)
+    got = reader.take(pos)
+    np.testing.assert_array_equal(got[0], x[pos])
+    np.testing.assert_array_equal(got[1], y[pos])
+    for a, b in ((0, 10_007), (9_000, 10_007), (299, 301), (1_199, 2_401)):
+        win = reader.window(a, b)
+        np.testing.assert_array_equal(win[0], x[a:b])
+        np.testing.assert_array_equal(win[1], y[a:b])
+    assert win[0].flags.writeable
+    arrays[0][600] = -1.0  # rewritten in place: caught by the CRC like a zarr read
+    with pytest.raises(DataChangedError, match="'x' changed"):
+        reader.take(np.array([601]))
 
 
 # -- refusals ------------------------------------------------------------------------------
@@ -415,18 +471,101 @@ def test_forked_chains_refused_not_hung(cluster, tmp_path):
                 pm.sample(step=[step], tune=5, draws=5, chains=2, cores=2, progressbar=False)
 
 
-def test_support_bounded_by_the_block_decides_exactly_out_of_core(cluster, tmp_path):
-    """DiscreteUniform(1, M) on zarr rows: the data's extremes are not kept out of core, so
-    every decision is exact (a Dask pass), with the warning, and no impossible M is drawn."""
+def test_support_statistics_out_of_core_match_in_memory(cluster, tmp_path):
+    """DiscreteUniform(1, M) on zarr rows: the data's maximum comes from one Dask pass (not a
+    pass per decision); every candidate is judged as on pm.Data, no warning, no exact decisions,
+    and no impossible M is drawn (the data's maximum sits in the last chunk)."""
+    from pymc_subsample.model import row_support
+
     rng = np.random.default_rng(0)
     y = rng.integers(1, 13, 20_000).astype("i8")
     y[[4000, 10_000, 19_998]] = [40, 45, 50]
     group = write_group(tmp_path / "u.zarr", chunk=5000, y=y)
-    with pm.Model():
-        m = pm.DiscreteUniform("m", 1, 60)
-        pm.DiscreteUniform("obs", 1, m, observed=pms.Data("y", group["y"]))
-        with pytest.warns(UserWarning, match="every decision of this step is exact"):
+    steps = {}
+    for where, data in (
+        ("zarr", lambda: pms.Data("y", group["y"])),
+        ("memory", lambda: pm.Data("y", y)),
+    ):
+        with pm.Model():
+            m = pm.DiscreteUniform("m", 1, 60)
+            pm.DiscreteUniform("obs", 1, m, observed=data())
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", UserWarning)  # no "every decision is exact"
+                steps[where] = pms.SubsampledCategoricalGibbs([m], rng=0)
+    cands = [np.arange(1, 61)]
+    out = steps["zarr"].row_support.infeasible(cands, {})
+    np.testing.assert_array_equal(out, steps["memory"].row_support.infeasible(cands, {}))
+    np.testing.assert_array_equal(out, cands[0] < 50)
+    assert steps["zarr"].row_support.mode == "bounds" and not steps["zarr"].decides_exactly
+    before = len(row_support._OUT_OF_CORE_STATISTICS)
+    step = steps["zarr"]
+    point = {"m": np.array(55)}
+    for _ in range(20):
+        point, _ = step.step(point)
+        assert point["m"] >= 50
+    assert len(row_support._OUT_OF_CORE_STATISTICS) == before  # computed once
+
+
+def test_grouped_support_statistics_out_of_core(cluster, tmp_path):
+    """DiscreteUniform(1, M[g]) with the groups and the counts out of core: per-group maxima
+    by a Dask pass, equal to the in-memory check on every candidate vector tried."""
+    rng = np.random.default_rng(1)
+    n = 12_000
+    g = rng.integers(0, 3, n).astype("i8")
+    y = rng.integers(1, 10, n).astype("i8")
+    y[[5, 6, 11_990]], g[[5, 6, 11_990]] = [20, 14, 25], [0, 1, 2]
+    group = write_group(tmp_path / "g.zarr", chunk=3000, g=g, y=y)
+    checks = {}
+    for where in ("zarr", "memory"):
+        with pm.Model():
+            gd = pms.Data("g", group["g"]) if where == "zarr" else pm.Data("g", g)
+            yd = pms.Data("y", group["y"]) if where == "zarr" else pm.Data("y", y)
+            m = pm.DiscreteUniform("m", 1, 30, shape=3)
+            pm.DiscreteUniform("obs", 1, m[gd], observed=yd)
             step = pms.SubsampledCategoricalGibbs([m], rng=0)
-        idata = pm.sample(step=[step], tune=0, draws=20, random_seed=1, **SAMPLE)
-    assert step.row_support.mode == "unknown" and step.decides_exactly
-    assert (idata.posterior["m"].values == 50).all()
+        assert step.row_support.mode == "bounds"
+        cands = [rng.integers(10, 30, size=(200, 3))]
+        cands[0][:3] = [[20, 14, 25], [19, 14, 25], [20, 14, 24]]
+        checks[where] = (step.row_support, cands)
+    support, cands = checks["zarr"]
+    expected = checks["memory"][0].infeasible(cands, {})
+    np.testing.assert_array_equal(support.infeasible(cands, {}), expected)
+    np.testing.assert_array_equal(expected[:3], [False, True, True])
+    assert expected.any() and not expected.all()
+
+
+def test_shuffle_every_and_set_data_refused_out_of_core(cluster, tmp_path):
+    """The permutation out of core is drawn once (kept in the store): an explicit
+    shuffle_every is refused; pm.set_data on a pymc_subsample.Data is PyMC's TypeError."""
+    x, y = logistic_data(2000)
+    group = write_group(tmp_path / "s.zarr", chunk=500, X=x, y=y)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=3)
+        xd = pms.Data("X", group["X"])
+        pm.Bernoulli("obs", logit_p=xd @ b, observed=pms.Data("y", group["y"]))
+        with pytest.raises(ValueError, match="drawn once and kept in the store"):
+            pms.RacingMetropolis([b], race=RaceOptions(batches="windows", shuffle_every=100))
+        with pytest.raises(TypeError, match="SharedVariable"):
+            pm.set_data({"X": x[:1000]})
+
+
+def test_stage_two_frees_its_pieces_and_a_retry_refuses(tmp_path):
+    """Stage two deletes the staged pieces it read (the copy's peak disk stays near the
+    copy's size); a retried task finds them gone and raises, never reads them as zeros."""
+    from pymc_subsample.model.out_of_core_copy import _stage_one, _stage_two
+
+    y = np.zeros(40, dtype="i1")  # all zeros: a piece equal to the fill value is still staged
+    group = zarr.open_group(str(tmp_path / "st.zarr"), mode="w")
+    stage = group.create_array(
+        "stage", shape=(2, 2, 20), chunks=(1, 1, 20), dtype="i1",
+        config={"write_empty_chunks": True},
+    )  # fmt: skip
+    out = group.create_array("out", shape=(40,), chunks=(10,), dtype="i1")
+    table = deal_table([20, 20], [20, 20], seed=0)
+    for i in range(2):
+        _stage_one(i, 0, table[i], [stage], y[20 * i : 20 * i + 20])
+    crcs = _stage_two(0, 0, table[:, 0], 0, 10, [stage], [out])
+    assert len(crcs) == 2
+    assert not os.listdir(tmp_path / "st.zarr" / "stage" / "c" / "0" / "0")
+    with pytest.raises(RuntimeError, match="staged rows of group 0"):
+        _stage_two(0, 0, table[:, 0], 0, 10, [stage], [out])

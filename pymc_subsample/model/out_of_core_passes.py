@@ -256,13 +256,16 @@ def row_sums(
     cands: Sequence[np.ndarray],
     others: Sequence[np.ndarray],
     crcs: np.ndarray | None,
+    combine: Sequence[Callable] | None = None,
 ) -> np.ndarray:
     r"""Return :math:`\sum_n` of ``fn(*cands, *rows, *others)`` over every chunk of rows.
 
     ``fn`` returns sums over the rows it is given (an array, such as the
     per-candidate sums of shape ``(K,)``, or a list of arrays, added
     elementwise). Each chunk's CRC-32 is checked against ``crcs`` (from
-    :func:`scan`) before it is summed.
+    :func:`scan`) before it is summed. With ``combine`` (one function per
+    array of ``fn``'s list), the chunks' values are combined by those
+    functions instead of added (extremes over rows, for instance).
 
     Raises
     ------
@@ -290,6 +293,8 @@ def row_sums(
             )
         if total is None:
             total = out
+        elif combine is not None:
+            total = [c(t, o) for c, t, o in zip(combine, total, out, strict=True)]
         elif isinstance(out, list):
             total = [t + o for t, o in zip(total, out, strict=True)]
         else:

@@ -186,6 +186,31 @@ class OutOfCoreRows:
             )
         return self.data_rows(np.arange(self.n_rows))
 
+    def reduce(self, fn, combine: Sequence) -> list[np.ndarray]:
+        """Return ``fn(*rows)`` (a list of arrays) over every row: a Dask pass, chunks combined.
+
+        Parameters
+        ----------
+        fn : callable
+            A picklable function of one chunk's rows (every input), returning
+            a list of arrays (statistics of those rows).
+        combine : sequence of callable
+            One per array: the statistic of two disjoint sets of rows from theirs.
+        """
+        from .out_of_core_passes import row_sums
+
+        self._check_process()
+        return row_sums(fn, self.arrays, self.names, [], [], self.scanned.crcs, combine)
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"the out-of-core terms of {self.names} were built in process {self._pid} and "
+                f"are summed in process {os.getpid()} (a chain forked by pm.sample(cores>1)), "
+                "where the Dask client does not run: sample with cores=1 (the passes run in "
+                "parallel on the Dask cluster)"
+            )
+
     def sums(self, fn, cands: Sequence[np.ndarray], others: Sequence[np.ndarray]) -> np.ndarray:
         """Return the sums of ``fn`` (a :class:`PassFunction` of rows) over every row (Dask).
 
@@ -198,11 +223,5 @@ class OutOfCoreRows:
         """
         from .out_of_core_passes import row_sums
 
-        if os.getpid() != self._pid:
-            raise RuntimeError(
-                f"the out-of-core terms of {self.names} were built in process {self._pid} and "
-                f"are summed in process {os.getpid()} (a chain forked by pm.sample(cores>1)), "
-                "where the Dask client does not run: sample with cores=1 (the passes run in "
-                "parallel on the Dask cluster)"
-            )
+        self._check_process()
         return row_sums(fn, self.arrays, self.names, cands, others, self.scanned.crcs)

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pytensor
 import pytensor.tensor as pt
 from pymc.logprob.utils import CheckParameterValue
 from pytensor.graph.basic import Constant, Variable
@@ -75,16 +76,22 @@ class Statistic:
 
     ``outputs`` are graphs of the data alone; ``groups`` is None when the single
     output is the statistic itself (a minimum, maximum or "any" over rows, dims
-    kept), else the number :math:`G` of groups: the outputs are then a row
-    expression :math:`d_n` and a group index :math:`g_n`, and the statistic is
-    :math:`\max_{n: g_n = k} d_n` (``how="max"``) or the minimum, for
-    :math:`k = 0..G-1` (:math:`\mp\infty` for an empty group).
+    kept: ``how``), else the number :math:`G` of groups: the outputs are then a
+    row expression :math:`d_n` and a group index :math:`g_n`, and the statistic
+    is :math:`\max_{n: g_n = k} d_n` (``how="max"``) or the minimum, for
+    :math:`k = 0..G-1` (:math:`\mp\infty` for an empty group). Statistics of
+    disjoint sets of rows combine (:meth:`combine`) into that of their union:
+    how they are computed chunk by chunk out of core.
     """
 
     holder: Variable
     outputs: tuple
-    how: str = "plain"
+    how: str = "max"
     groups: int | None = None
+
+    def combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Return the statistic of two disjoint sets of rows from theirs."""
+        return np.minimum(a, b) if self.how == "min" else np.maximum(a, b)
 
     def value(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
         """Return the statistic from the values of :attr:`outputs`."""
@@ -289,7 +296,7 @@ def any_over_rows(
     def statistic(expr, how):
         stat = {"min": pt.min, "max": pt.max, "any": pt.any}[how](expr, axis=0, keepdims=True)
         holder = stat.type()
-        statistics.append(Statistic(holder, (stat,)))
+        statistics.append(Statistic(holder, (stat,), how))
         return holder
 
     def grouped(expr, how, index, n_groups):
@@ -390,9 +397,6 @@ class RowSupport:
         if not conditions:
             self.mode = "none"
             return
-        if getattr(terms, "out_of_core", False):  # the statistics would need a Dask pass
-            self._unknown("the data are out of core, where the data's extremes are not kept")
-            return
         if not all(c.direct for c in conditions):
             self._unknown("a -inf branch of the terms lies under another switch")
             return
@@ -416,7 +420,11 @@ class RowSupport:
         kwargs = {**terms._compile_kwargs, "mode": "FAST_COMPILE"}
         inputs = [*terms.candidate_vars, *terms.inputs, *holders]
         self._check_fn = compile_cached(terms.model, vectorized, inputs, **kwargs)
-        self._stats_fn = compile_cached(terms.model, stats, [], **kwargs) if stats else None
+        self._out_of_core = getattr(terms, "out_of_core", False)
+        if self._out_of_core:  # per chunk of rows, the rows as inputs (a Dask pass)
+            self._stats_fn = out_of_core_statistics(terms, self._statistics, kwargs)
+        else:
+            self._stats_fn = compile_cached(terms.model, stats, [], **kwargs) if stats else None
         self.mode = "bounds"
 
     def _unknown(self, reason: str) -> None:
@@ -441,7 +449,9 @@ class RowSupport:
         n_cands = len(candidates[0])
         if self.mode != "bounds":
             return np.zeros(n_cands, dtype=bool)
-        if self._stats is None:
+        if self._stats is None and self._out_of_core:
+            self._stats = self._stats_fn()
+        elif self._stats is None:
             values = [] if self._stats_fn is None else list(self._stats_fn())
             self._stats = []
             for st in self._statistics:
@@ -451,3 +461,77 @@ class RowSupport:
         cands, others = self._terms._exact_arrays(candidates, point)
         out = np.asarray(self._check_fn(*cands, *others, *self._stats), dtype=bool)
         return np.broadcast_to(out, (n_cands,)).copy()
+
+
+class ChunkStatistics:
+    """The statistics of one chunk of rows (a task of a Dask pass): ``fn`` of the rows, reduced.
+
+    Parameters
+    ----------
+    fn : PassFunction
+        The statistics' outputs as a function of the rows.
+    statistics : sequence of Statistic
+        Their records (how each reduces, its groups).
+    """
+
+    def __init__(self, fn, statistics: Sequence[Statistic]):
+        self.fn = fn
+        self.kinds = [(st.how, st.groups, len(st.outputs)) for st in statistics]
+
+    def __call__(self, *rows) -> list[np.ndarray]:
+        """Return each statistic of the rows given, as float64."""
+        values = list(self.fn(*rows))
+        out = []
+        for how, groups, k in self.kinds:
+            part, values = values[:k], values[k:]
+            if groups is None:
+                out.append(np.asarray(part[0], dtype=np.float64))
+                continue
+            rows_, index = (np.asarray(a) for a in part)
+            found = np.full(groups, np.inf if how == "min" else -np.inf)
+            (np.minimum if how == "min" else np.maximum).at(found, index, rows_)
+            out.append(found)
+        return out
+
+
+def out_of_core_statistics(terms, statistics: Sequence[Statistic], compile_kwargs: dict):
+    """Return a function computing ``statistics`` by one Dask pass over the chunks of rows.
+
+    The statistics' graphs read the placeholders of
+    :func:`~pymc_subsample.Data`; each task evaluates them on one chunk's
+    rows and the client combines the chunks' values (:meth:`Statistic.combine`).
+    The values are kept per data fingerprint and graph in this process: a
+    second step on the same likelihood reads them without a pass.
+    """
+    from pytensor.graph.replace import graph_replace
+    from pytensor.printing import debugprint
+
+    from .function_cache import compile_cached
+    from .out_of_core_passes import PassFunction
+
+    row_inputs = terms._row_inputs
+    outputs = [out for st in statistics for out in st.outputs]
+    outputs = [graph_replace(o, terms._data_map(o, row_inputs), strict=False) for o in outputs]
+    fn = compile_cached(terms.model, outputs, list(row_inputs), **compile_kwargs)
+    chunk = ChunkStatistics(PassFunction(fn, outputs, list(row_inputs), compile_kwargs), statistics)
+    shared = any(
+        isinstance(v, pytensor.compile.SharedVariable) for v in graph_inputs(outputs)
+    )  # a pm.Data value may change: not kept
+    key = (terms._ooc.fingerprint, debugprint(outputs, file="str"), tuple(chunk.kinds))
+
+    def compute() -> list[np.ndarray]:
+        found = None if shared else _OUT_OF_CORE_STATISTICS.get(key)
+        if found is None:
+            combine = [st.combine for st in statistics]
+            found = terms._ooc.reduce(chunk, combine)
+            if not shared:
+                _OUT_OF_CORE_STATISTICS[key] = found
+        return [
+            np.asarray(v).astype(st.holder.dtype) for v, st in zip(found, statistics, strict=True)
+        ]
+
+    return compute
+
+
+#: Statistics of out-of-core data computed in this process, by fingerprint and graph.
+_OUT_OF_CORE_STATISTICS: dict = {}

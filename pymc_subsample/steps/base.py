@@ -201,6 +201,13 @@ class RacingStep(BlockedStep):
         if self.row_support.mode == "unknown":
             self._decide_exactly_for_support(self.row_support.reason)
         self._auto_shuffle = race.shuffle_every == "auto"
+        if self.terms.out_of_core and not self._auto_shuffle:
+            raise ValueError(
+                f"RaceOptions(shuffle_every={race.shuffle_every}) on out-of-core data "
+                "(pymc_subsample.Data): the row permutation is drawn once and kept in the "
+                "store with the data (a new one would rewrite every row), so it is never "
+                "redrawn; leave shuffle_every at 'auto'"
+            )
         self.shuffle_every = (
             max(1, self.terms.n_obs // SHUFFLE_DIVISOR)
             if self._auto_shuffle
