@@ -11,6 +11,7 @@ import os
 import threading
 import warnings
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
@@ -569,3 +570,25 @@ def test_stage_two_frees_its_pieces_and_a_retry_refuses(tmp_path):
     assert not os.listdir(tmp_path / "st.zarr" / "stage" / "c" / "0" / "0")
     with pytest.raises(RuntimeError, match="staged rows of group 0"):
         _stage_two(0, 0, table[:, 0], 0, 10, [stage], [out])
+
+
+def test_big_data_example_matches_its_dask_reference(cluster, tmp_path, monkeypatch):
+    """examples/big_data.py at small N: each mean within 5 MCSE of the Dask Laplace fit."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "big_data.py"
+    spec = importlib.util.spec_from_file_location("big_data_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    argv = ["big_data.py", "--n", "20000", "--chunk", "5000", "--tune", "150", "--draws", "300"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        example.main()
+    assert (tmp_path / "big_data.png").stat().st_size > 10_000
+    rows = [r for r in (tmp_path / "big_data.md").read_text().splitlines() if r.startswith("| b[")]
+    assert len(rows) == len(example.BETA)
+    for row in rows:
+        z = float(row.split("|")[7])
+        assert abs(z) < 5, row  # a wrong row read or a stale chunk moves the mean far more
