@@ -125,18 +125,19 @@ def _record_spent() -> None:
         if fn.final is None and fn.digest is not None and new > 0:
             lines.append(f"{_SPENT_PREFIX}{fn.digest}:{new:.4f}\n")
     if lines:
-        try:
-            with _seen_path().open("a") as f:
-                f.write("".join(lines))
-        except OSError:
-            pass
+        _append("".join(lines))
 
 
 def _record(digest: str) -> None:
     _seen().add(digest)
+    _append(digest + "\n")
+
+
+def _append(text: str) -> None:
+    """Append ``text`` to the record in ``base_compiledir`` (read-only: nothing kept)."""
     try:
         with _seen_path().open("a") as f:
-            f.write(digest + "\n")
+            f.write(text)
     except OSError:  # a read-only cache: the next process starts on the first tier again
         pass
 

@@ -153,9 +153,7 @@ class NutsRegime:
         nuts = self._build_nuts(point, point)
         if isinstance(nuts, Exception):
             return False
-        self.nuts = nuts
-        self.nuts.tune = self.tune
-        self._fall_back(Regime("nuts", False, "small_n"), float(self.nuts.step_size))
+        self._use_nuts(nuts, "small_n")
         names = block_names(self.model, self.vars)
         logging.getLogger("pymc").info(
             f"RacingMetropolis: N = {self.terms.n_obs} observations (at most {SMALL_N}): a "
@@ -166,11 +164,15 @@ class NutsRegime:
         )
         return True
 
-    def _enter_nuts(self, nuts, why: str) -> None:
-        """Draw the block with ``nuts`` for the rest of the step's run; warn once with ``why``."""
+    def _use_nuts(self, nuts, reason: str) -> None:
+        """Draw the block with ``nuts`` for the rest of the step's run (regime ``reason``)."""
         self.nuts = nuts
         self.nuts.tune = self.tune
-        self._fall_back(Regime("nuts", False, "poor_fit"), float(self.nuts.step_size))
+        self._fall_back(Regime("nuts", False, reason), float(self.nuts.step_size))
+
+    def _enter_nuts(self, nuts, why: str) -> None:
+        """Draw the block with ``nuts`` for the rest of the step's run; warn once with ``why``."""
+        self._use_nuts(nuts, "poor_fit")
         names = ", ".join(v.name for v in self._nuts_order()[0])
         warnings.warn(
             f"RacingMetropolis: the quadratic surrogate fits this posterior poorly and "
