@@ -8,6 +8,7 @@ added in another order (by chunk), so the draws agree up to rounding.
 """
 
 import os
+import pickle
 import threading
 import warnings
 import zlib
@@ -592,3 +593,37 @@ def test_big_data_example_matches_its_dask_reference(cluster, tmp_path, monkeypa
     for row in rows:
         z = float(row.split("|")[7])
         assert abs(z) < 5, row  # a wrong row read or a stale chunk moves the mean far more
+
+
+def test_pass_function_is_called_by_one_thread_at_a_time():
+    """A task unpickles a PassFunction as a callable under the lock of the compiled function
+    object, shared by every PassFunction wrapping it: two worker threads of this process
+    calling one function on the Python VM (whose storage is its own) get their own sums."""
+
+    x = pt.dvector("x")
+    out = [pt.max(x) + pt.sum(pt.log1p(x**2))]
+    with pm.Model() as model:
+        pass
+    fn = model.compile_fn(out, inputs=[x], point_fn=False, mode="FAST_COMPILE")
+    first = out_of_core_passes.PassFunction(fn, out, [x], {})
+    second = out_of_core_passes.PassFunction(fn, out, [x], {})
+    copies = [pickle.loads(pickle.dumps(p)) for p in (first, second)]
+    assert copies[0]._lock is copies[1]._lock is first._lock
+    wrong = []
+
+    def work(k, call):
+        v = np.full(20_000, float(k))
+        want = k + v.size * np.log1p(k * k)
+        for _ in range(200):
+            got = call(v)[0]
+            if not np.isclose(got, want):
+                wrong.append((k, float(got)))
+
+    threads = [
+        threading.Thread(target=work, args=(k, c)) for k, c in zip((1, 2), copies, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []

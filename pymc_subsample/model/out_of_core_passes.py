@@ -39,8 +39,33 @@ __all__ = [
 _CLIENT = None
 #: A cluster started here (closed with its client).
 _CLUSTER = None
-#: Compiled functions of this process, by token (workers in other processes compile their own).
+#: Compiled functions of this process, by token (workers in other processes compile their own),
+#: each behind the lock of its function object.
 _FUNCTIONS: dict[str, Callable] = {}
+#: One lock per compiled function object (by id): a function shared by several passes
+#: (:func:`~pymc_subsample.model.function_cache.compile_cached`) is called by one thread at a time.
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+
+
+def _lock_of(fn: Callable) -> threading.Lock:
+    """Return the lock of the function object ``fn`` (made on first use)."""
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(id(fn), threading.Lock())
+
+
+class _Locked:
+    """A compiled function called under its lock (a worker thread of this or another process)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._lock = _lock_of(fn)
+
+    def __call__(self, *args):
+        with self._lock:
+            return self.fn(*args)
+
+
 #: Passes over at least this many chunks show a progress bar (when asked).
 PROGRESS_CHUNKS = 64
 
@@ -129,12 +154,13 @@ class PassFunction:
         if promote is not None:  # a pass reads every row: its final (compiled) tier at once
             promote()
         self.token = os.urandom(8).hex()
-        _FUNCTIONS[self.token] = fn
         self.fn = fn
         self._graph = (outputs, list(inputs), dict(compile_kwargs))
         # a compiled function keeps its inputs and outputs in storage of its own: the threads
-        # of a worker in this process (a cluster with processes=False) call it in turn
-        self._lock = threading.Lock()
+        # of a worker (a cluster with processes=False, or threads_per_worker > 1) call it in
+        # turn, through every PassFunction that wraps it and every copy unpickled by a task
+        self._lock = _lock_of(fn)
+        _FUNCTIONS[self.token] = self
 
     def __reduce__(self):
         return _restore, (self.token, self._graph)
@@ -151,9 +177,11 @@ def _restore(token: str, graph) -> Callable:
     if fn is None:
         from pymc.pytensorf import compile as compile_fn
 
-        outputs, inputs, kwargs = graph
-        fn = compile_fn(inputs, outputs, **kwargs)
-        _FUNCTIONS[token] = fn
+        with _lock_of(_FUNCTIONS):  # one compile when a worker's threads unpickle it at once
+            fn = _FUNCTIONS.get(token)
+            if fn is None:
+                outputs, inputs, kwargs = graph
+                fn = _FUNCTIONS[token] = _Locked(compile_fn(inputs, outputs, **kwargs))
     return fn
 
 
