@@ -14,8 +14,9 @@ graphs in ``base_compiledir/numba``, so a fresh ``compiledir`` alone does not
 make a model new): the model is new to the machine, and no compiled graph of a
 previous run applies. The library's own Numba kernels stay
 in their on-disk cache ("warm machine"), except in the ``fresh machine`` row,
-which also empties the Numba cache (``NUMBA_CACHE_DIR``): a first run after
-installing. Times are wall clock and CPU (user + system, compiler subprocesses
+which also empties the Numba cache (``NUMBA_CACHE_DIR``) for both sides: a first
+run after installing. With the ``peers`` extra installed, nutpie samples the models
+without a discrete block too (``--no-peers`` leaves it out). Times are wall clock and CPU (user + system, compiler subprocesses
 included) of that process. Each model and side then runs a second time, in a
 new process on the caches the first run left: the user's next run of the same
 model.
@@ -77,6 +78,8 @@ DRAWS = {
     "readme": ((500, 500), (100, 100)),
 }
 MODELS = list(DRAWS)
+#: Models nutpie can sample whole (no discrete block): its column in the table.
+NUTPIE_MODELS = ("studentt_nu", "hierarchical", "logistic")
 
 
 # -- models -------------------------------------------------------------------------------
@@ -227,6 +230,8 @@ def run_one(name: str, side: str, scale: float, draws_scale: float, trace: bool)
         if not first:
             first.append((time.perf_counter(), _cpu_seconds()))
 
+    if side == "nutpie":
+        return _run_nutpie(name, model, blocks, n_obs, tune, draws, import_s)
     recorder = CompileTrace() if trace else None
     with model:
         w0, c0 = time.perf_counter(), _cpu_seconds()
@@ -275,6 +280,48 @@ def run_one(name: str, side: str, scale: float, draws_scale: float, trace: bool)
     return record
 
 
+def _run_nutpie(name, model, blocks, n_obs, tune, draws, import_s) -> dict:
+    """Run nutpie on the whole model (continuous blocks only): compile, then one chain.
+
+    nutpie reports no per-draw callback: its first draw is counted at the end of its
+    compilation plus one draw's share of the sampling time.
+    """
+    import arviz as az
+    import nutpie
+
+    w0, c0 = time.perf_counter(), _cpu_seconds()
+    compiled = nutpie.compile_pymc_model(model)
+    compile_w, compile_c = time.perf_counter() - w0, _cpu_seconds() - c0
+    result = nutpie.sample(compiled, draws=draws, tune=tune, chains=1, seed=1, progress_bar=False)
+    total_w, total_c = time.perf_counter() - w0, _cpu_seconds() - c0
+    per_draw = (total_w - compile_w) / (tune + draws)
+    per_draw_c = (total_c - compile_c) / (tune + draws)
+    posterior = (
+        result["posterior"].to_dataset()
+        if hasattr(result["posterior"], "to_dataset")
+        else result["posterior"]
+    )
+    ess = az.ess(posterior, var_names=blocks[1], method="bulk")
+    min_ess = float(min(float(np.min(ess[v].values)) for v in blocks[1]))
+    first_w, first_c = compile_w + per_draw, compile_c + per_draw_c
+    return {
+        "model": name,
+        "side": "nutpie",
+        "n_obs": n_obs,
+        "tune": tune,
+        "draws": draws,
+        "import_s": import_s,
+        "build_steps_s": compile_w,
+        "first_draw_s": first_w,
+        "first_draw_cpu_s": first_c,
+        "total_s": total_w,
+        "total_cpu_s": total_c,
+        "min_ess_bulk": min_ess,
+        "ess_per_s_after_first": min_ess / max(total_w - first_w, 1e-9),
+        "ess_per_s_counting_first": min_ess / total_w,
+    }
+
+
 # -- driver ---------------------------------------------------------------------------------
 
 
@@ -308,7 +355,7 @@ def spawn(name: str, side: str, args, *, fresh_numba: bool) -> dict:
     return record
 
 
-def _row(ours: dict, exact: dict, label: str) -> str:
+def _row(ours: dict, exact: dict, label: str, nutpie: dict | None = None) -> str:
     ratio = ours["first_draw_s"] / exact["first_draw_s"]
     ratio_cpu = ours["first_draw_cpu_s"] / exact["first_draw_cpu_s"]
     ess = ours["ess_per_s_counting_first"] / exact["ess_per_s_counting_first"]
@@ -335,6 +382,8 @@ def _row(ours: dict, exact: dict, label: str) -> str:
         f"{exact['ess_per_s_counting_first']:.3g}",
         f"{ess:.2f}x",
         *second,
+        f"{nutpie['first_draw_s']:.1f} ({nutpie['first_draw_cpu_s']:.1f})" if nutpie else "-",
+        f"{nutpie['ess_per_s_counting_first']:.3g}" if nutpie else "-",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -382,12 +431,15 @@ def write_tables(records: list[dict], path_md: Path, command: str) -> None:
         "compiler subprocesses included, in brackets), from building the steps to the first "
         "draw. ESS/s: minimum bulk ESS of the continuous block (of the discrete one when "
         "alone) per second of the whole run, its first draw counted. Second run: the same "
-        "model again in a new process on the caches the first run left (PyMC's in brackets).",
+        "model again in a new process on the caches the first run left (PyMC's in brackets). "
+        "nutpie (models without a discrete block): its compilation plus one draw's share of "
+        "its sampling (it reports no per-draw callback), ESS/s counting both.",
         "",
         "| model | N | ours: to first draw, s | PyMC exact: to first draw, s | ratio | PyTensor "
         "functions compiled (ours, both tiers) | ours ESS/s | PyMC ESS/s | ESS/s ratio "
-        "| second run: to first draw, s | second run: ESS/s | second run: ESS/s ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| second run: to first draw, s | second run: ESS/s | second run: ESS/s ratio "
+        "| nutpie: to first draw, s | nutpie ESS/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, side, fresh), ours in by.items():
         if side != "ours":
@@ -396,7 +448,7 @@ def write_tables(records: list[dict], path_md: Path, command: str) -> None:
         if exact is None:
             continue
         label = f"{model}, fresh machine" if fresh else model
-        lines.append(_row(ours, exact, label))
+        lines.append(_row(ours, exact, label, None if fresh else by.get((model, "nutpie", False))))
     lines += ["", "## Where our seconds go", ""]
     for r in records:
         if r["side"] == "ours" and "trace" in r:
@@ -414,6 +466,7 @@ def main() -> None:
     parser.add_argument("--fresh-model", default="demo", help="model of the fresh-machine row")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--tag", default="", help="suffix of the output files")
+    parser.add_argument("--no-peers", dest="peers", action="store_false", help="no nutpie")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--no-trace", action="store_true", help=argparse.SUPPRESS)
@@ -429,8 +482,15 @@ def main() -> None:
     # the library's kernels in their disk cache first ("warm machine")
     spawn("mixture", "ours", argparse.Namespace(scale=0.01, draws_scale=0.1), fresh_numba=False)
     jobs = [(m, s, False) for m in args.models.split(",") for s in ("ours", "pymc")]
+    if args.peers:
+        try:
+            import nutpie  # noqa: F401
+        except ImportError:
+            print("nutpie is not installed (pip install -e '.[peers]'): no nutpie column")
+        else:  # nutpie samples a whole model with NUTS: the models without a discrete block
+            jobs += [(m, "nutpie", False) for m in args.models.split(",") if m in NUTPIE_MODELS]
     if not args.skip_fresh:
-        jobs.append((args.fresh_model, "ours", True))
+        jobs += [(args.fresh_model, "ours", True), (args.fresh_model, "pymc", True)]
     for model, side, fresh in jobs:
         record = spawn(model, side, args, fresh_numba=fresh)
         records.append(record)
