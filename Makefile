@@ -10,6 +10,9 @@ PYTHON ?= $(shell for p in python3 python3.12 python3.13 python; do \
 
 # time budget of `make test-all`, in seconds: pytest is stopped (exit status 124) past it
 TEST_ALL_BUDGET ?= 3600
+# pytest processes of `make test` (pytest-xdist; each test module stays in one process, where its
+# module fixtures live): the suite is mostly compilation, single-threaded, so one per core
+TEST_WORKERS ?= 2
 # coreutils timeout (gtimeout on macOS with Homebrew coreutils)
 TIMEOUT := $(shell command -v timeout 2>/dev/null || command -v gtimeout 2>/dev/null)
 
@@ -20,7 +23,7 @@ help:
 	@echo "make demo      install and run the demo: our steps against PyMC's exact steps on 10^6 simulated rows (OUT=$(OUT))"
 	@echo "make arch      the paper's ARCH order selection on S&P 500 returns, quick mode (OUT=$(OUT))"
 	@echo "make examples  rerun every example into docs/examples (the documentation's figures; long)"
-	@echo "make test      install with the test, docs and big extras; run lint, the test suite, the docs build"
+	@echo "make test      install with the test, docs and big extras; run lint, the test suite (TEST_WORKERS=$(TEST_WORKERS) processes), the docs build"
 	@echo "make test-all  also run the slow statistical tests (pytest stopped after TEST_ALL_BUDGET=$(TEST_ALL_BUDGET) s)"
 	@echo "make docs      build the documentation into docs/_build/html"
 	@echo "make bench     run every benchmark script (long)"
@@ -53,7 +56,7 @@ lint: $(VENV)/.stamp-test,docs,big
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "docs built without warnings: docs/_build/html/index.html"
 
