@@ -16,10 +16,10 @@ previous run applies. The library's own Numba kernels stay
 in their on-disk cache ("warm machine"), except in the ``fresh machine`` row,
 which also empties the Numba cache (``NUMBA_CACHE_DIR``) for both sides: a first
 run after installing. With the ``peers`` extra installed, nutpie samples the models
-without a discrete block too (``--no-peers`` leaves it out). Times are wall clock and CPU (user + system, compiler subprocesses
-included) of that process. Each model and side then runs a second time, in a
-new process on the caches the first run left: the user's next run of the same
-model.
+without a discrete block too (``--no-peers`` leaves it out). Times are wall clock
+and CPU (user + system, compiler subprocesses included) of that process. Each
+model and side then runs a second time, in a new process on the caches the first
+run left: the user's next run of the same model.
 
 Our runs also record where the seconds go (``_compile_trace.CompileTrace``):
 each PyTensor function compiled (by the line that asked for it: graph rewrites,
