@@ -122,8 +122,11 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     from pymc_subsample.model import tiered
     from pymc_subsample.options import RaceOptions
 
+    from pymc_subsample.steps import gibbs_plan
+
     monkeypatch.setattr(tiered, "PROMOTE_SECONDS", 0.02)
     monkeypatch.setattr(tiered, "SECONDS_PER_NODE", 0.0)
+    monkeypatch.setattr(gibbs_plan, "DRIVER_SECONDS", 0.02)  # and the race driver with them
     clear_function_cache()
     grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
     y = np.random.default_rng(3).normal(1.5, 1.0, size=20_000)
@@ -188,3 +191,100 @@ def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path
     third = TieredFunction(compile_in, budget=10.0)  # 11 s spent by the runs before
     np.testing.assert_allclose(third(np.arange(3.0)), 9.0)  # 0 + 1 + 8
     assert third.promoted
+
+
+def test_a_function_moved_at_its_last_call_is_not_recorded_as_compiled():
+    """A graph is recorded as compiled on this machine once its machine code exists.
+
+    A function that moves at its last call in a process has no machine code yet:
+    recorded, the next process would compile it before its first draw.
+    """
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+
+    def compile_in(mode):
+        return model.compile_fn((x**4).sum(), inputs=[x], point_fn=False, mode=mode)
+
+    value = np.arange(4.0)
+    fn = TieredFunction(compile_in, budget=0.0)
+    fn(value)  # spends the budget and moves: no call of the final tier yet
+    assert fn.promoted
+    later = TieredFunction(compile_in, budget=10.0)
+    later(value)
+    assert not later.promoted  # not recorded: the first tier, as on a new machine
+    np.testing.assert_allclose(fn(value), later(value), rtol=1e-12)  # now compiled
+    third = TieredFunction(compile_in, budget=10.0)
+    third(value)
+    assert third.promoted  # recorded: its machine code is in the cache
+
+
+def _grid_model(seed: int = 3):
+    grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
+    y = np.random.default_rng(seed).normal(1.5, 1.0, size=20_000)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.full(len(grid), 1 / len(grid)))
+        pm.Normal("y", pm.math.constant(grid)[q], 1.0, observed=y_data)
+    return model, grid, y
+
+
+def test_race_driver_waits_until_python_races_have_paid(monkeypatch):
+    """A step whose rows function starts compiled (a model this machine ran before) does
+    not compile its race driver (seconds of LLVM in every process) before its first draw:
+    it races in Python until those races have cost DRIVER_SECONDS, then compiled; the
+    draws before and after the switch match the exact conditional."""
+    from scipy import stats
+
+    from pymc_subsample.options import RaceOptions
+    from pymc_subsample.steps import gibbs_plan
+
+    clear_function_cache()
+    model, grid, y = _grid_model()
+    race = RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1)
+    with model:
+        earlier = SubsampledCategoricalGibbs([model["q"]], rng=1, race=race)
+    earlier.terms.promote(loop=False)  # the rows function in Numba, no driver compiled
+    with model:
+        step = SubsampledCategoricalGibbs([model["q"]], rng=2, race=race)
+    assert step.terms._rows_fn is earlier.terms._rows_fn and step.terms._rows_fn.promoted
+    assert not step.compiled and step.compiled_race is None  # no driver yet
+    monkeypatch.setattr(gibbs_plan, "DRIVER_SECONDS", 0.1)
+    point, draws, compiled_at = model.initial_point(), [], None
+    for t in range(3000):
+        point, _ = step.step(point)
+        draws.append(int(point["q"]))
+        if compiled_at is None and step.compiled:
+            compiled_at = t
+    assert compiled_at is not None and 0 < compiled_at < 2500, compiled_at
+    assert step._python_race_seconds >= 0.1
+    log_p = stats.norm.logpdf(y[None, :], grid[:, None], 1.0).sum(axis=1)
+    p = np.exp(log_p - log_p.max())
+    p /= p.sum()
+    for part in (draws[:compiled_at], draws[compiled_at:], draws):
+        freq = np.bincount(part, minlength=len(grid)) / len(part)
+        # independent draws (a Gibbs step on q alone): binomial errors, plus delta
+        tol = 4 * np.sqrt(p * (1 - p) / len(part)) + step.delta
+        assert (np.abs(freq - p) < tol).all(), (len(part), freq.round(3), p.round(3))
+
+
+def test_chunk_loop_waits_until_one_call_sums_have_paid(monkeypatch):
+    """The sums' chunk loop (compiled anew in every process) comes once one-call sums on a
+    large population have cost LOOP_SECONDS, or at once when asked; the sums agree."""
+    from pymc_subsample.model import chunked_sum
+
+    monkeypatch.setattr(chunked_sum, "CHUNK_BYTES", 2048)  # chunks of 1,024 rows
+    monkeypatch.setattr(chunked_sum, "LOOP_SECONDS", 1e9)
+    clear_function_cache()
+    model, _, _ = _grid_model(4)
+    with model:
+        step = SubsampledCategoricalGibbs([model["q"]], rng=0)
+    terms, point, cands = step.terms, model.initial_point(), [np.arange(5)]
+    terms.promote(loop=False)
+    first = terms.loglik_sum(cands, point)
+    assert terms._sum_rows._driver is None and terms._sum_rows._unchunked_seconds > 0
+    monkeypatch.setattr(chunked_sum, "LOOP_SECONDS", 0.0)  # paid
+    np.testing.assert_allclose(terms.loglik_sum(cands, point), first, rtol=1e-12)
+    assert terms._sum_rows._driver is not None

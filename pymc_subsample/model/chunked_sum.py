@@ -14,17 +14,22 @@ chunk find it in cache (measured in the
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
 
-__all__ = ["CHUNK_BYTES", "ChunkedSum"]
+__all__ = ["CHUNK_BYTES", "LOOP_SECONDS", "ChunkedSum"]
 
 #: Bytes of data rows a chunk holds (every per-observation input together): small
 #: enough to stay in a core's cache while each candidate reads it.
 CHUNK_BYTES = 2**17
+#: Seconds of one-call sums after which the chunk loop is compiled (a Numba function
+#: generated for each model's kernel, compiled anew in every process): the first draws
+#: do not wait for it.
+LOOP_SECONDS = 0.5
 
 _TEMPLATE = """
 def driver({args}, chunk):
@@ -45,9 +50,9 @@ class ChunkedSum:
     calling this object on every row returns the same sums over all rows,
     computed on chunks of about :data:`CHUNK_BYTES` (one compiled loop)
     and added. Only the rounding differs from one call on every row. The
-    loop is compiled at the first call on more than four chunks of rows
-    (about 0.4 s); smaller populations, or a function not compiled by Numba,
-    are summed in one call.
+    loop is compiled once one-call sums of more than four chunks of rows have
+    cost :data:`LOOP_SECONDS` (compiling it takes about 0.4 s); smaller
+    populations, or a function not compiled by Numba, are summed in one call.
 
     Parameters
     ----------
@@ -63,11 +68,16 @@ class ChunkedSum:
         self._shape = (n_cands, n_rows, n_others)
         self._chunk = None  # rows per chunk, set at the first call
         self._driver = None
+        self._unchunked_seconds = 0.0  # one-call sums of a population the loop would chunk
 
     def chunk_rows(self, rows: Sequence[np.ndarray]) -> int:
         """Rows in a chunk of :data:`CHUNK_BYTES` of ``rows`` (at least 1,024)."""
         row_bytes = sum(r.itemsize * int(np.prod(r.shape[1:])) for r in rows)
         return max(1024, CHUNK_BYTES // max(row_bytes, 1))
+
+    def promote(self) -> None:
+        """Compile the chunk loop at the next call on a large population, paid for or not."""
+        self._unchunked_seconds = max(self._unchunked_seconds, LOOP_SECONDS)
 
     def reset(self) -> None:
         """Set the chunk length again at the next call (new rows: another population).
@@ -87,13 +97,21 @@ class ChunkedSum:
         """
         if self._chunk is None:
             self._chunk = self.chunk_rows(rows)
-        if self._driver is None and len(rows[0]) > 4 * self._chunk:
-            # a function compiled by Numba (a tiered one once it has moved) gets its loop
+        large = len(rows[0]) > 4 * self._chunk
+        if self._driver is None and large:
+            # a function compiled by Numba (a tiered one once it has moved) gets its loop,
+            # once its one-call sums have cost LOOP_SECONDS (or this process holds the loop)
             jit_fn = getattr(getattr(self.fn, "vm", None), "jit_fn", None)
-            if jit_fn is not None:
+            if jit_fn is not None and (
+                self._unchunked_seconds >= LOOP_SECONDS or _held(jit_fn, self._shape)
+            ):
                 self._driver = _driver(jit_fn, *self._shape)
-        if self._driver is None:  # one call: a small population, or not compiled by Numba
-            return np.asarray(self.fn(*cands, *rows, *others), dtype=np.float64)
+        if self._driver is None:  # one call: a small population, or not compiled (yet)
+            start = time.perf_counter()
+            out = np.asarray(self.fn(*cands, *rows, *others), dtype=np.float64)
+            if large:
+                self._unchunked_seconds += time.perf_counter() - start
+            return out
         return self._driver(*cands, *rows, *others, self._chunk)
 
 
@@ -101,6 +119,12 @@ class ChunkedSum:
 #: share a compiled function (:mod:`~pymc_subsample.model.function_cache`) share its loop.
 _DRIVERS: OrderedDict = OrderedDict()
 _RECENT_DRIVERS = 16
+
+
+def _held(fn, shape: tuple) -> bool:
+    """Return True when the chunk loop of ``fn`` for ``shape`` is compiled in this process."""
+    found = _DRIVERS.get((id(fn), *shape))
+    return found is not None and found[0] is fn and bool(found[1].signatures)
 
 
 def _driver(fn, n_cands: int, n_rows: int, n_others: int):

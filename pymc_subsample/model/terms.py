@@ -562,16 +562,21 @@ class ObservationTerms(TermRows):
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)
 
-    def promote(self) -> None:
+    def promote(self, loop: bool = True) -> None:
         r"""Compile the terms' functions in their final tier now (Numba), not when they have paid.
 
         The rows, the sums, :math:`\log f_0` and the windows
         (:class:`~pymc_subsample.model.tiered.TieredFunction`); functions
-        compiled with a given ``mode`` are left as they are.
+        compiled with a given ``mode`` are left as they are. With ``loop``, the
+        sums' chunk loop too (:meth:`ChunkedSum.promote
+        <pymc_subsample.model.chunked_sum.ChunkedSum.promote>`), else it is
+        compiled once it has paid.
         """
         for fn in (self._rows_fn, self._exact_fn, self._sum_rows.fn, self._window_fn):
             if isinstance(fn, TieredFunction):
                 fn.promote()
+        if loop:
+            self._sum_rows.promote()
 
     def compiled_rows(self) -> CompiledRewards | None:
         """Return the rows function's Numba kernel on the permuted copies (random blocks).

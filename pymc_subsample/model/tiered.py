@@ -241,7 +241,7 @@ class TieredFunction:
     def __setstate__(self, state):
         self.__dict__.update(state)
         if self.final is not None:
-            self._call = self.final
+            self._call = self._final_first_call if self.digest is not None else self.final
         else:
             self._call = self._first_call if self.start is None else self._start_call
             if self.start is not None:  # a process of pm.sample's: its seconds recorded too
@@ -274,10 +274,23 @@ class TieredFunction:
 
     def _finalize(self) -> None:
         self.final = self._compile(None)
-        self._call = self.final
         self.start = None
         if self.digest is not None and self.digest not in _seen():
+            self._call = self._final_first_call  # recorded once its machine code exists
+        else:
+            self._call = self.final
+
+    def _final_first_call(self, *args):
+        """Call the final tier the first time (Numba compiles it), then record the graph.
+
+        A graph is recorded as compiled on this machine only once its machine code
+        is in the cache: a function moved at its last call is not.
+        """
+        out = self.final(*args)
+        self._call = self.final
+        if self.digest not in _seen():
             _record(self.digest)
+        return out
 
     @property
     def promoted(self) -> bool:

@@ -58,6 +58,7 @@ from .state import RaceState, SharedRace
 __all__ = [
     "CompiledRace",
     "CompiledRewards",
+    "driver_compiled",
     "race_blocks",
     "race_compiled",
     "supports",
@@ -148,6 +149,14 @@ RECENT_DRIVERS = 1
 _RECENT: OrderedDict = OrderedDict()
 #: Every driver still in use (held by a :class:`CompiledRace`), by ``id`` of its function.
 _LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def driver_compiled(fn, n_rows: int, n_others: int) -> bool:
+    """Return True when this process holds a compiled driver of ``fn`` (no compilation due)."""
+    driver = _LIVE.get((id(fn), n_rows, n_others))
+    return bool(
+        driver is not None and driver.py_func.__globals__.get("fn") is fn and driver.signatures
+    )
 
 
 def _driver(fn, n_rows: int, n_others: int):

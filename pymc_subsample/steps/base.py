@@ -293,8 +293,8 @@ class RacingStep(BlockedStep):
         self._auto_plan = (self.batch_size is None, auto_switch)
         self._exact_fraction = exact_fraction
         self._n_cands = n_cands
-        if self._rows_promoted():  # this model's hot function ran here before: all in Numba
-            self.terms.promote()
+        # a function compiled on this machine before starts in Numba (its machine code
+        # cached); the others wait until they have paid, as on a model new to the machine
         self._replan_races(self.initial_point)
 
     def _rows_promoted(self) -> bool:
@@ -554,7 +554,7 @@ class RacingStep(BlockedStep):
         compiled driver.
         """
         if self._rows_promoted():
-            self.terms.promote()
+            self.terms.promote(loop=False)
         if any(self._auto_plan):
             self._replan_races(point)
 

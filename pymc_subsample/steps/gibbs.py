@@ -10,6 +10,8 @@ so its law is within total variation :math:`\delta` of the exact conditional.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..mcmc.audit import impossible_choice, scores_differ, zero_difference_share
@@ -192,6 +194,8 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         self._constant_f0 = None  # log f0 of a lone scalar with no other inputs, once computed
         self._constant_f0_has_inf = False
         self._set_control_variates(control_variates, expand_in)
+        self._python_race_seconds = 0.0  # spent in Python races (they pay for the driver)
+        self._driver_due = False  # a compiled race applies, its driver not compiled yet
         self._plan_races(max(self.n_categories))
         self._plan_compiled()
         self._check_support_numerically()
@@ -458,10 +462,12 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
             def totals(arms):
                 return terms.loglik_sum([c[arms] for c in cands], point)
 
+        start = time.perf_counter()
         _, res = sample_categorical(
             log_f0, rewards, n_obs, rng=self.rng, noise=noise, totals=totals,
             config=self.race_config, **self._race_kwargs(),
         )  # fmt: skip
+        self._count_python_race(time.perf_counter() - start, point)
         return (
             res.winner, res.n_evaluations, res.n_rounds, res.exhausted, None,
             min(res.n_drawn, n_obs),
@@ -572,6 +578,16 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         """Plan the races again, and race compiled where the rows function now allows it."""
         super()._functions_promoted(point)
         self._plan_compiled(point)
+
+    def finish_compiling(self) -> None:
+        """Compile the hot functions with Numba now, and the race driver if it races compiled.
+
+        See :meth:`RacingStep.finish_compiling
+        <pymc_subsample.steps.base.RacingStep.finish_compiling>`.
+        """
+        super().finish_compiling()
+        if self._driver_due:
+            self._plan_compiled(self.initial_point, now=True)
 
     def _data_taken_up(self, point, resized: bool) -> None:
         """Drop the expansion's sums (renew the reference); plan compiled races for a new N."""

@@ -13,10 +13,15 @@ import numpy as np
 
 from ..mcmc.cost import compiled_look_cost
 from ..model.blocks import prior_points
-from ..racing.compiled import CompiledRace, supports
+from ..racing.compiled import CompiledRace, driver_compiled, supports
 from ..racing.state import sparse_arms
 
-__all__ = ["COMPILED_MIN_OBS", "CompiledRacePlanner"]
+__all__ = ["COMPILED_MIN_OBS", "DRIVER_SECONDS", "CompiledRacePlanner"]
+
+#: Seconds of Python races a step spends before it compiles its race driver (a Numba
+#: function generated for each model's rows kernel, a few seconds of LLVM, compiled anew
+#: in every process): the first draws do not wait for it, and a short run never pays it.
+DRIVER_SECONDS = 1.0
 
 #: Populations from this size on race in one compiled call per draw where they can
 #: (:func:`~pymc_subsample.racing.compiled.CompiledRace`, built with the step);
@@ -34,8 +39,8 @@ class CompiledRacePlanner:
     ``compiled_race``). Reads the step's terms, values, plan and settings.
     """
 
-    def _plan_compiled(self, point=None) -> None:
-        """Use compiled races (:class:`CompiledRace`) where they apply; compile them now.
+    def _plan_compiled(self, point=None, now: bool = False) -> None:
+        """Use compiled races (:class:`CompiledRace`) where they apply; compile them when paid.
 
         A compiled look costs a few microseconds where a Python one costs tens,
         so the "auto" first batch and exact switch, chosen by timing Python
@@ -43,15 +48,25 @@ class CompiledRacePlanner:
         (:func:`~pymc_subsample.mcmc.cost.compiled_look_cost`), whatever the Python
         timing chose (even deciding at once), when the compiled race applies
         with the new plan. Timed and warmed up at ``point`` (default: the
-        initial point).
+        initial point). The driver is compiled once the step's Python races have
+        cost :data:`DRIVER_SECONDS` (or ``now``, or when this process holds it
+        already); until then the races run in Python on their Python-timed
+        plan (:meth:`_count_python_race` plans again then). Either driver makes
+        a race of the same settings: the chain's law is unchanged.
         """
         self._compiled = False
+        self._driver_due = False
         if not self._compiled_structure() or self._sparse_differences():
+            return
+        rows = self.terms.compiled_rows()
+        paid = self._python_race_seconds >= DRIVER_SECONDS
+        if not (now or paid or driver_compiled(rows.fn, len(rows.data), len(self._others(point)))):
+            self._driver_due = True
             return
         terms = self.terms
         n_cat, n_obs = self.n_categories[0], terms.n_obs
         point = self.initial_point if point is None else point
-        others = tuple(terms.other_arrays(point))
+        others = self._others(point)
         if any(self._auto_plan) and self._exact_seconds is not None:
             before = (self.batch_size, self.exact_switch, self.race_config)
             look = compiled_look_cost(
@@ -69,6 +84,16 @@ class CompiledRacePlanner:
             terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
         )
         self._race_compiled(np.zeros(n_cat), point, seed=np.zeros(1, dtype=np.uint64))
+
+    def _others(self, point) -> tuple:
+        """Return the terms' other inputs at ``point`` (default: the initial point)."""
+        return tuple(self.terms.other_arrays(self.initial_point if point is None else point))
+
+    def _count_python_race(self, seconds: float, point) -> None:
+        """Count a Python race's seconds; compile the driver once they pay for it."""
+        self._python_race_seconds += seconds
+        if self._driver_due and self._python_race_seconds >= DRIVER_SECONDS:
+            self._plan_compiled(point, now=True)
 
     def _sparse_differences(self, rows: int = 512, arms: int = 4096) -> bool:
         """Return True when values' terms equal the best one's on most rows of a probe.
