@@ -121,7 +121,6 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
 
     from pymc_subsample.model import tiered
     from pymc_subsample.options import RaceOptions
-
     from pymc_subsample.steps import gibbs_plan
 
     monkeypatch.setattr(tiered, "PROMOTE_SECONDS", 0.02)
