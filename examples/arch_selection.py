@@ -577,19 +577,31 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     r, lags = model["r"].get_value(), model["lag2"].get_value()
 
     def make(j, point):
-        order = pseudo[j]["order"]
-        own = single_model(r, lags, order, coordinates=True)
-        name = f"z_{order}"
-        return RacingMetropolis(
-            [own[name]],
-            audit=AuditOptions(every=audit_every),
-            proposal_options=ProposalOptions(covariance=pseudo[j]["cov"]),
-            expand_in=[f"alpha_{order}"],
-            model=own,
-            initial_point={name: point[name]},
-        )
+        return order_step(r, lags, pseudo[j], point[f"z_{pseudo[j]['order']}"], audit_every)
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]
+
+
+def order_step(r, lags, pseudo: dict, start: np.ndarray, audit_every="auto") -> RacingMetropolis:
+    r"""Build the MH step of one order's parameters on that order's model alone.
+
+    :class:`~pymc_subsample.RacingMetropolis` on ``z_<order>`` of
+    :func:`single_model`, the conditional of those parameters given the
+    order, with the pseudoprior covariance ``pseudo["cov"]`` as HMC's inverse
+    mass matrix and the control variates expanded in ``alpha_<order>``;
+    ``start`` is its initial point (:func:`racing_steps`).
+    """
+    order = pseudo["order"]
+    own = single_model(r, lags, order, coordinates=True)
+    name = f"z_{order}"
+    return RacingMetropolis(
+        [own[name]],
+        audit=AuditOptions(every=audit_every),
+        proposal_options=ProposalOptions(covariance=pseudo["cov"]),
+        expand_in=[f"alpha_{order}"],
+        model=own,
+        initial_point={name: np.asarray(start, dtype=float)},
+    )
 
 
 def set_bound(steps, bound: str) -> None:
