@@ -218,13 +218,22 @@ def arch_parameters(z, order: int, name: str | None = None) -> tuple:
     return lp - pt.softplus(-z / SCALE).sum(), a0, a, nu_m2
 
 
-def single_model(r: np.ndarray, lags: np.ndarray, order: int) -> pm.Model:
-    """Build the ARCH(order)-t model alone, in the same flat parameters (for its pseudoprior)."""
-    with pm.Model() as model:
+def single_model(
+    r: np.ndarray, lags: np.ndarray, order: int, *, coordinates: bool = False
+) -> pm.Model:
+    """Build the ARCH(order)-t model alone, in the same flat parameters.
+
+    Its posterior is the pseudoprior's target (:func:`fit_pseudopriors`) and the
+    conditional of ``z_<order>`` given that order in the product space, on which
+    :func:`racing_steps` builds that order's MH step. ``coordinates``: with the
+    coefficients as the Deterministic ``alpha_<order>`` (the MH step's ``expand_in``).
+    A model of its own even inside another model's context.
+    """
+    with pm.Model(model=None) as model:
         r_data = pm.Data("r", r)
         lag_data = pm.Data("lag2", lags[:, :order])
         z = pm.Flat(f"z_{order}", shape=order + 2, initval=initial_z(order))
-        lp, a0, a, nu_m2 = arch_parameters(z, order)
+        lp, a0, a, nu_m2 = arch_parameters(z, order, name=f"alpha_{order}" if coordinates else None)
         pm.Potential(f"prior_{order}", lp)
         sigma2 = a0 + (lag_data * a).sum(axis=1)
         pm.StudentT("obs", nu=nu_m2 + 2, sigma=pt.sqrt(sigma2), observed=r_data)
@@ -459,10 +468,11 @@ def laplace_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int 
 class SelectedModelParameters(BlockedStep):
     """Carlin-Chib update of every model's parameters given the selected order ``q``.
 
-    The selected model's parameters are updated by its own step (built while
-    ``q`` pointed at it, so its surrogate and tuning are that model's); every
-    other model's parameters are drawn from their pseudoprior, exactly and
-    without reading data.
+    The selected model's parameters are updated by its own step, every other
+    model's parameters are drawn from their pseudoprior, exactly and without
+    reading data. ``make_step(j, point)`` builds order ``Q_GRID[j]``'s step from
+    the product space's initial point with ``q = j``; the step reads and
+    writes its block of the point by name.
     """
 
     name = "selected_model_parameters"
@@ -474,9 +484,9 @@ class SelectedModelParameters(BlockedStep):
         self.vars = [model.rvs_to_values[model[n]] for n in self.names]
         start = model.initial_point()
         self.steps = []
-        for j, var in enumerate(self.vars):
+        for j in range(len(self.vars)):
             point = dict(start, q=np.asarray(j, dtype=start["q"].dtype))
-            self.steps.append(make_step([var], point))
+            self.steps.append(make_step(j, point))
         self.stats_dtypes_shapes = {"model": (np.int64, [])} | dict(
             self.steps[0].stats_dtypes_shapes
         )
@@ -549,6 +559,13 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
     ``expand_in`` is the expansion in :math:`\alpha`; on the expansion in
     :math:`z` it was accepted under 5% of the time on ARCH(30), whose
     coefficients at their boundary make a quadratic in :math:`z` misfit.
+
+    Each order's MH step is built on that order's model alone
+    (:func:`single_model`), the conditional of its parameters given that order:
+    built on the product space, its terms would read every order's parameters
+    (through the selection by :math:`q`), and the unselected ones, redrawn from
+    their pseudopriors at every draw, would make its control variates' sums be
+    refitted, a full pass over the data, at every draw.
     """
     gibbs = SubsampledCategoricalGibbs(
         [model["q"]],
@@ -557,18 +574,34 @@ def racing_steps(model, pseudo, *, control_variates: bool = True, audit_every: i
         audit=AuditOptions(every=audit_every),
     )
 
-    def make(vars, point):
-        j = int(point["q"])
-        cov = pseudo[j]["cov"]
-        return RacingMetropolis(
-            vars,
-            audit=AuditOptions(every=audit_every),
-            proposal_options=ProposalOptions(covariance=cov),
-            expand_in=[f"alpha_{pseudo[j]['order']}"],
-            initial_point=point,
-        )
+    r, lags = model["r"].get_value(), model["lag2"].get_value()
+
+    def make(j, point):
+        return order_step(r, lags, pseudo[j], point[f"z_{pseudo[j]['order']}"], audit_every)
 
     return [gibbs, SelectedModelParameters(model, pseudo, make)]
+
+
+def order_step(r, lags, pseudo: dict, start: np.ndarray, audit_every="auto") -> RacingMetropolis:
+    r"""Build the MH step of one order's parameters on that order's model alone.
+
+    :class:`~pymc_subsample.RacingMetropolis` on ``z_<order>`` of
+    :func:`single_model`, the conditional of those parameters given the
+    order, with the pseudoprior covariance ``pseudo["cov"]`` as HMC's inverse
+    mass matrix and the control variates expanded in ``alpha_<order>``;
+    ``start`` is its initial point (:func:`racing_steps`).
+    """
+    order = pseudo["order"]
+    own = single_model(r, lags, order, coordinates=True)
+    name = f"z_{order}"
+    return RacingMetropolis(
+        [own[name]],
+        audit=AuditOptions(every=audit_every),
+        proposal_options=ProposalOptions(covariance=pseudo["cov"]),
+        expand_in=[f"alpha_{order}"],
+        model=own,
+        initial_point={name: np.asarray(start, dtype=float)},
+    )
 
 
 def set_bound(steps, bound: str) -> None:

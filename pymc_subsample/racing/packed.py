@@ -9,7 +9,7 @@ look to that state: the kernel of :meth:`SharedRace.update
 <pymc_subsample.racing.state.SharedRace.update>`
 (:func:`~pymc_subsample.racing.kernels.look_rows`), then the eliminations, the
 −inf drops and the give-up test (Chen & Ghahramani 2016, Alg. 1); the drivers
-call it through a C function pointer (:func:`look_c`), and Python through
+call it through a C function pointer (:func:`look_c`, made at the first race), and Python through
 :func:`look_state`, which lets the two drivers be compared on any state.
 """
 
@@ -179,23 +179,35 @@ def look_packed(batch, ints, reals, offsets, merge_only=False):  # pragma: no co
 _F8P, _I8P, _I8 = types.CPointer(types.float64), types.CPointer(types.int64), types.int64
 
 
-@cfunc_cached(types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean))
-def look_c(
-    batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d, merge_only
-):  # pragma: no cover
-    """:func:`look_packed` behind a C pointer, called from the generated drivers.
+_LOOK_C_SIGNATURE = types.int64(_F8P, _I8, _I8, _I8P, _I8, _F8P, _I8, _F8P, _I8, types.boolean)
+_LOOK_C: list = []  # the compiled C function, made at the first call of look_c
 
-    A driver that called :func:`look_packed` directly would compile its code anew
-    (seconds of LLVM per driver); through this pointer, it is compiled
-    once and cached on disk. Numba keys that cache on this file alone: after
-    editing the kernels it calls (``kernels.py``), delete
-    ``racing/__pycache__/*.nbi`` and ``*.nbc``, or the cached look keeps the
-    old kernels (a fresh install or clone has no cache).
-    """
+
+def _look_c(
+    batch, n_alive, m, ints, n_ints, reals, n_reals, offsets, d, merge_only
+):  # pragma: no cover - compiled
     return look_packed(
         carray(batch, (n_alive, m)), carray(ints, (n_ints,)), carray(reals, (n_reals,)),
         carray(offsets, (d,)), merge_only,
     )  # fmt: skip
+
+
+def look_c():
+    """Return :func:`look_packed` behind a C pointer, which the generated drivers call.
+
+    A driver that called :func:`look_packed` directly would compile its code anew
+    (seconds of LLVM per driver); through this pointer, it is compiled
+    once and cached on disk. A C function with a signature is compiled when it
+    is made, so it is made at the first call (the first compiled race), not at
+    import: a process that never runs a compiled race does not pay for it on a
+    machine without its disk cache. Numba keys that cache on this file alone: after
+    editing the kernels it calls (``kernels.py``), delete
+    ``racing/__pycache__/*.nbi`` and ``*.nbc``, or the cached look keeps the
+    old kernels (a fresh install or clone has no cache).
+    """
+    if not _LOOK_C:
+        _LOOK_C.append(cfunc_cached(_LOOK_C_SIGNATURE)(_look_c))
+    return _LOOK_C[0]
 
 
 def pack(

@@ -517,8 +517,12 @@ class RacingStep(BlockedStep):
             self._functions_promoted(point)
         start = time.perf_counter()
         audit = self._begin_draw()
-        if audit and self._joint_fn is None and not self.terms.out_of_core:  # compiled once,
-            # outside both clocks
+        if (
+            audit
+            and self._joint_fn is None
+            and not self.terms.out_of_core
+            and not self.decides_exactly
+        ):  # compiled once, outside both clocks; a step that decides exactly has no race to audit
             self._compile_joint()
             start = time.perf_counter()
         try:
