@@ -16,7 +16,7 @@ from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
 from pymc_subsample.mcmc.audit import impossible_choice
 from pymc_subsample.model.row_support import RowSupport
 from pymc_subsample.model.terms import ObservationTerms
-from pymc_subsample.options import AuditOptions
+from pymc_subsample.options import AuditOptions, RaceOptions
 from pymc_subsample.steps.base import FIRST_AUDIT_BY
 
 RNG = np.random.default_rng(3)
@@ -282,6 +282,11 @@ def blind_rule(monkeypatch):
     monkeypatch.setattr(SubsampledCategoricalGibbs, "_check_support_numerically", lambda self: None)
 
 
+#: A plan that races (the "auto" one may decide these cheap terms exactly, e.g. when an
+#: earlier step compiled the shared rows function): the audits have races to check.
+RACING = RaceOptions(batch_size=800, exact_fraction=0.5)
+
+
 def _discrete_uniform_model(n):
     rng = np.random.default_rng(0)
     y = rng.integers(1, 13, n)
@@ -295,7 +300,9 @@ def _discrete_uniform_model(n):
 def test_an_audit_that_finds_an_impossible_value_acts_at_once(blind_rule):
     model = _discrete_uniform_model(20_000)
     with model:
-        step = SubsampledCategoricalGibbs([model["m"]], rng=1, audit=AuditOptions(every=10))
+        step = SubsampledCategoricalGibbs(
+            [model["m"]], rng=1, race=RACING, audit=AuditOptions(every=10)
+        )
     point = model.initial_point()
     with pytest.warns(UserWarning, match="makes impossible"):
         draws = _draw(step, point, "m", 40)
@@ -308,7 +315,9 @@ def test_every_chain_audits_within_its_first_draws(blind_rule):
     """An audit schedule that would first audit at draw 1,000 audits by draw FIRST_AUDIT_BY."""
     model = _discrete_uniform_model(20_000)
     with model:
-        step = SubsampledCategoricalGibbs([model["m"]], rng=1, audit=AuditOptions(every=1000))
+        step = SubsampledCategoricalGibbs(
+            [model["m"]], rng=1, race=RACING, audit=AuditOptions(every=1000)
+        )
     step.setup_chain(np.random.default_rng(0), tune=0, draws=60)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

@@ -385,7 +385,10 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         """
         noise = self._noise(len(log_f0))
         if self.decides_exactly or self._backoff.take(key):
+            start = time.perf_counter()
             value, n_evals = self._exact_draw(cands, log_f0, noise, point)
+            if self._driver_due:  # a compiled race's plan may race what this one decides
+                self._count_python_race(time.perf_counter() - start, point)
             return value, n_evals, 1, True, 0, AUDIT_NOT_RUN, self.terms.n_obs
         if self.row_support.mode == "bounds":  # only candidates finite on every row race
             impossible = self.row_support.infeasible(cands, point)

@@ -18,9 +18,10 @@ from ..racing.state import sparse_arms
 
 __all__ = ["COMPILED_MIN_OBS", "DRIVER_SECONDS", "CompiledRacePlanner"]
 
-#: Seconds of Python races a step spends before it compiles its race driver (a Numba
-#: function generated for each model's rows kernel, a few seconds of LLVM, compiled anew
-#: in every process): the first draws do not wait for it, and a short run never pays it.
+#: Seconds of Python races (and of exact decisions, which a plan timed on compiled looks
+#: may race) a step spends before it compiles its race driver (a Numba function generated
+#: for each model's rows kernel, a few seconds of LLVM, compiled anew in every process):
+#: the first draws do not wait for it, and a short run never pays it.
 DRIVER_SECONDS = 1.0
 
 #: Populations from this size on race in one compiled call per draw where they can
@@ -90,7 +91,7 @@ class CompiledRacePlanner:
         return tuple(self.terms.other_arrays(self.initial_point if point is None else point))
 
     def _count_python_race(self, seconds: float, point) -> None:
-        """Count a Python race's seconds; compile the driver once they pay for it."""
+        """Count a Python race's (or exact decision's) seconds; compile the driver once paid."""
         self._python_race_seconds += seconds
         if self._driver_due and self._python_race_seconds >= DRIVER_SECONDS:
             self._plan_compiled(point, now=True)
