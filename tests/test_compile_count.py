@@ -287,3 +287,41 @@ def test_chunk_loop_waits_until_one_call_sums_have_paid(monkeypatch):
     monkeypatch.setattr(chunked_sum, "LOOP_SECONDS", 0.0)  # paid
     np.testing.assert_allclose(terms.loglik_sum(cands, point), first, rtol=1e-12)
     assert terms._sum_rows._driver is not None
+
+
+def test_a_graph_that_loops_in_python_moves_before_a_large_call():
+    """An operation with no NumPy function (softplus) runs per element in Python on the
+    first tier: such a graph moves to Numba before a call on a population of rows, and
+    stays on the first tier for small inputs; a slow timing call moves a function too."""
+    import pytensor.tensor as pt
+
+    from pymc_subsample.model import tiered
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+
+    def softplus_sum(mode):
+        return model.compile_fn(pt.softplus(x).sum(), inputs=[x], point_fn=False, mode=mode)
+
+    def exp_sum(mode):
+        return model.compile_fn(pt.exp(x).sum(), inputs=[x], point_fn=False, mode=mode)
+
+    small, large = np.linspace(-1, 1, 10), np.linspace(-1, 1, tiered.PYTHON_LOOP_ELEMENTS)
+    fn = TieredFunction(softplus_sum, budget=100.0)
+    fn(small)
+    assert fn.loops_in_python and not fn.promoted
+    np.testing.assert_allclose(fn(large), np.logaddexp(0, large).sum(), rtol=1e-10)
+    assert fn.promoted
+    plain = TieredFunction(exp_sum, budget=100.0)
+    plain(large)
+    assert not plain.loops_in_python and not plain.promoted
+    with tiered.uncounted():  # a timing call of a second or more: moved all the same
+        slow = TieredFunction(exp_sum, budget=100.0)
+        monkey = tiered.SLOW_CALL_SECONDS
+        try:
+            tiered.SLOW_CALL_SECONDS = 0.0
+            slow(small)
+        finally:
+            tiered.SLOW_CALL_SECONDS = monkey
+    assert slow.promoted

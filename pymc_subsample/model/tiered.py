@@ -11,7 +11,10 @@ an operation), and compiles it with the default mode (Numba) once the calls
 have cost a budget in all (:data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE`
 per operation of the graph, the larger: a compilation costs more the larger the
 graph), or after :data:`PROMOTE_CALLS` calls, or at once after a call of
-:data:`SLOW_CALL_SECONDS`. It is the rule of
+:data:`SLOW_CALL_SECONDS` (timing calls included). A graph whose first tier
+would loop in Python over each element (an operation with no NumPy function,
+:func:`loops_in_python`) moves before a call on :data:`PYTHON_LOOP_ELEMENTS`
+elements or more. It is the rule of
 ski rental, which spends on the slow tier at most a share of what compiling
 would cost: a function called a few times is never compiled, a hot one is
 compiled after a fraction of a second of draws. Calls that time a function (a
@@ -44,12 +47,14 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 from pytensor.compile.mode import Mode
 from pytensor.link.vm import VMLinker
 
 __all__ = [
     "PROMOTE_CALLS",
     "PROMOTE_SECONDS",
+    "PYTHON_LOOP_ELEMENTS",
     "SECONDS_PER_NODE",
     "SLOW_CALL_SECONDS",
     "START_MODE",
@@ -69,6 +74,12 @@ PROMOTE_CALLS = 200
 #: A first-tier call that takes this long moves the function at once: its graph is heavy
 #: (a Hessian in many coordinates), where the compiled tier is many times faster.
 SLOW_CALL_SECONDS = 1.0
+
+#: Input elements from which a first-tier call of a graph that loops in Python over each
+#: element (an elementwise operation with no NumPy function, run by ``np.frompyfunc``:
+#: softplus, say) moves the function before the call: there the first tier costs about a
+#: microsecond an element, seconds on a population of rows.
+PYTHON_LOOP_ELEMENTS = 20_000
 
 #: The first tier: PyTensor's Python VM, each operation's NumPy ``perform`` (no C thunks,
 #: no fused loops, which only a compiled backend runs fast), after the usual rewrites.
@@ -142,6 +153,32 @@ def _append(text: str) -> None:
         pass
 
 
+def loops_in_python(fgraph) -> bool:
+    """Return True when an elementwise node of ``fgraph`` runs its scalar op per element in Python.
+
+    PyTensor's Python VM evaluates an ``Elemwise`` with its NumPy function
+    where the scalar op has one for that many inputs, and otherwise with
+    ``np.frompyfunc`` on the op's Python ``impl``.
+    """
+    from pytensor.tensor.elemwise import Elemwise
+
+    for node in fgraph.apply_nodes:
+        op = node.op
+        if not isinstance(op, Elemwise):
+            continue
+        spec = getattr(op, "nfunc_spec", None)
+        if getattr(op, "nfunc", None) is not None and spec and len(node.inputs) == spec[1]:
+            continue
+        ufunc = getattr(node.tag, "ufunc", None) or getattr(op, "ufunc", None)
+        if isinstance(ufunc, np.ufunc) and "(vectorized)" in getattr(ufunc, "__name__", ""):
+            return True
+    return False
+
+
+def _elements(args) -> int:
+    return max((int(np.size(a)) for a in args), default=0)
+
+
 def graph_digest(fn) -> str:
     """Return a digest of a compiled function's graph (its printout and input types)."""
     from pytensor.printing import debugprint
@@ -203,6 +240,7 @@ class TieredFunction:
         self.budget = budget
         self.digest: str | None = None
         self.carried = 0.0  # seconds earlier processes spent on this graph's first tier
+        self.loops_in_python = False  # its first tier loops in Python per element
         self._call = self._first_call
 
     def __call__(self, *args):
@@ -220,6 +258,7 @@ class TieredFunction:
             n_nodes = len(self.start.maker.fgraph.apply_nodes)
             budget = max(PROMOTE_SECONDS, SECONDS_PER_NODE * n_nodes)
         self.budget = float(budget)
+        self.loops_in_python = loops_in_python(self.start.maker.fgraph)
         self._call = self._start_call
         self.digest = graph_digest(self.start)
         seen = _seen()
@@ -249,17 +288,17 @@ class TieredFunction:
                 _LIVE.add(self)
 
     def _start_call(self, *args):
+        if self.loops_in_python and _elements(args) >= PYTHON_LOOP_ELEMENTS:
+            self.promote()  # a Python loop over a population of rows: compiled before the call
+            return self._call(*args)
         t0 = time.perf_counter()
         out = self.start(*args)
         seconds = time.perf_counter() - t0
         if _COUNTING[0]:
             self.spent += seconds
             self.calls += 1
-        if (
-            self.spent >= self.budget
-            or self.calls >= PROMOTE_CALLS
-            or (_COUNTING[0] and seconds >= SLOW_CALL_SECONDS)
-        ):
+        # a slow call moves it even when uncounted: timing a slow tier times nothing useful
+        if self.spent >= self.budget or self.calls >= PROMOTE_CALLS or seconds >= SLOW_CALL_SECONDS:
             self.promote()
         return out
 
