@@ -68,6 +68,36 @@ def _model(n_obs: int = 3000):
     return model
 
 
+def _grid_model(seed: int = 3):
+    grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
+    y = np.random.default_rng(seed).normal(1.5, 1.0, size=20_000)
+    with pm.Model() as model:
+        y_data = pm.Data("y_data", y)
+        q = pm.Categorical("q", p=np.full(len(grid), 1 / len(grid)))
+        pm.Normal("y", pm.math.constant(grid)[q], 1.0, observed=y_data)
+    return model, grid, y
+
+
+def _grid_posterior(y, grid) -> np.ndarray:
+    """The exact conditional of q on the grid (Normal terms, unit scale, flat prior)."""
+    from scipy import stats
+
+    log_p = stats.norm.logpdf(y[None, :], grid[:, None], 1.0).sum(axis=1)
+    p = np.exp(log_p - log_p.max())
+    return p / p.sum()
+
+
+def _draw_until_compiled(step, model, n: int) -> tuple[list, int | None]:
+    """Draw ``n`` times from the initial point; return the draws and the first compiled one."""
+    point, draws, compiled_at = model.initial_point(), [], None
+    for t in range(n):
+        point, _ = step.step(point)
+        draws.append(int(point["q"]))
+        if compiled_at is None and step.compiled:
+            compiled_at = t
+    return draws, compiled_at
+
+
 @pytest.mark.parametrize("kind", ["gibbs", "racing"])
 def test_functions_compiled_before_the_first_draw(kind, count_compiles):
     clear_function_cache()  # steps of other tests would lend theirs
@@ -117,7 +147,6 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     its races again and races in one compiled call. The frequencies of all draws,
     before and after the move, match the exact conditional.
     """
-    from scipy import stats
 
     from pymc_subsample.model import tiered
     from pymc_subsample.options import RaceOptions
@@ -127,26 +156,15 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     monkeypatch.setattr(tiered, "SECONDS_PER_NODE", 0.0)
     monkeypatch.setattr(gibbs_plan, "DRIVER_SECONDS", 0.02)  # and the race driver with them
     clear_function_cache()
-    grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
-    y = np.random.default_rng(3).normal(1.5, 1.0, size=20_000)
-    with pm.Model() as model:
-        y_data = pm.Data("y_data", y)
-        q = pm.Categorical("q", p=np.full(len(grid), 1 / len(grid)))
-        pm.Normal("y", pm.math.constant(grid)[q], 1.0, observed=y_data)
+    model, grid, y = _grid_model()
+    with model:
         step = SubsampledCategoricalGibbs(
-            [q], rng=1, race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1)
+            [model["q"]], rng=1, race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1)
         )
     assert not step.compiled  # the Python VM first: no compiled race yet
-    point, draws, compiled_at = model.initial_point(), [], None
-    for t in range(3000):
-        point, _ = step.step(point)
-        draws.append(int(point["q"]))
-        if compiled_at is None and step.compiled:
-            compiled_at = t
+    draws, compiled_at = _draw_until_compiled(step, model, 3000)
     assert compiled_at is not None and compiled_at < 1500  # moved, early in the chain
-    log_p = stats.norm.logpdf(y[None, :], grid[:, None], 1.0).sum(axis=1)
-    p = np.exp(log_p - log_p.max())
-    p /= p.sum()
+    p = _grid_posterior(y, grid)
     freq = np.bincount(draws, minlength=len(grid)) / len(draws)
     # draws of a Gibbs step on q alone are independent: binomial errors, plus delta
     tol = 4 * np.sqrt(p * (1 - p) / len(draws)) + step.delta
@@ -220,22 +238,11 @@ def test_a_function_moved_at_its_last_call_is_not_recorded_as_compiled():
     assert third.promoted  # recorded: its machine code is in the cache
 
 
-def _grid_model(seed: int = 3):
-    grid = np.array([1.46, 1.48, 1.5, 1.52, 1.54])
-    y = np.random.default_rng(seed).normal(1.5, 1.0, size=20_000)
-    with pm.Model() as model:
-        y_data = pm.Data("y_data", y)
-        q = pm.Categorical("q", p=np.full(len(grid), 1 / len(grid)))
-        pm.Normal("y", pm.math.constant(grid)[q], 1.0, observed=y_data)
-    return model, grid, y
-
-
 def test_race_driver_waits_until_python_races_have_paid(monkeypatch):
     """A step whose rows function starts compiled (a model this machine ran before) does
     not compile its race driver (seconds of LLVM in every process) before its first draw:
     it races in Python until those races have cost DRIVER_SECONDS, then compiled; the
     draws before and after the switch match the exact conditional."""
-    from scipy import stats
 
     from pymc_subsample.options import RaceOptions
     from pymc_subsample.steps import gibbs_plan
@@ -251,17 +258,10 @@ def test_race_driver_waits_until_python_races_have_paid(monkeypatch):
     assert step.terms._rows_fn is earlier.terms._rows_fn and step.terms._rows_fn.promoted
     assert not step.compiled and step.compiled_race is None  # no driver yet
     monkeypatch.setattr(gibbs_plan, "DRIVER_SECONDS", 0.1)
-    point, draws, compiled_at = model.initial_point(), [], None
-    for t in range(3000):
-        point, _ = step.step(point)
-        draws.append(int(point["q"]))
-        if compiled_at is None and step.compiled:
-            compiled_at = t
+    draws, compiled_at = _draw_until_compiled(step, model, 3000)
     assert compiled_at is not None and 0 < compiled_at < 2500, compiled_at
     assert step._python_race_seconds >= 0.1
-    log_p = stats.norm.logpdf(y[None, :], grid[:, None], 1.0).sum(axis=1)
-    p = np.exp(log_p - log_p.max())
-    p /= p.sum()
+    p = _grid_posterior(y, grid)
     for part in (draws[:compiled_at], draws[compiled_at:], draws):
         freq = np.bincount(part, minlength=len(grid)) / len(part)
         # independent draws (a Gibbs step on q alone): binomial errors, plus delta
