@@ -40,7 +40,10 @@ Models (``--models``; sizes with ``--scale``):
 * ``logistic``: logistic regression, five coefficients, N = 1e5, RacingMetropolis;
 * ``mixture``: a Categorical choosing one of ten component means, N = 1e6,
   SubsampledCategoricalGibbs alone;
-* ``readme``: the README's example (N = 5e5).
+* ``readme``: the README's example (N = 5e5);
+* ``negbin``: negative binomial regression with group effects, N = 1e5, a Categorical
+  dispersion (Gibbs) and six coefficients (RacingMetropolis): a likelihood whose
+  graph has operations with no NumPy function (softplus, gammaln).
 
 Writes ``docs/results/tables/first_draw.json`` and ``first_draw.md``. Run:
 ``python benchmarks/first_draw.py [--models demo,logistic] [--quick] [--skip-fresh]``.
@@ -76,6 +79,7 @@ DRAWS = {
     "logistic": ((500, 500), (200, 200)),
     "mixture": ((200, 200), (100, 100)),
     "readme": ((500, 500), (100, 100)),
+    "negbin": ((500, 500), (100, 100)),
 }
 MODELS = list(DRAWS)
 #: Models nutpie can sample whole (no discrete block): its column in the table.
@@ -167,6 +171,29 @@ def _mixture(n):
     return model, [["q"], []]
 
 
+def _negbin(n):
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(n, 2))
+    g = rng.integers(0, 3, n)
+    mu = np.exp(0.5 + x @ np.array([0.3, -0.4]) + np.array([0.0, 0.2, -0.1])[g])
+    y = rng.negative_binomial(5.0, 5.0 / (5.0 + mu))
+    alphas = np.array([1.0, 2.0, 5.0, 10.0, 20.0])
+    with pm.Model() as model:
+        x_data = pm.Data("x", x)
+        g_data = pm.Data("g", g)
+        y_data = pm.Data("y", y)
+        k = pm.Categorical("k", p=np.full(len(alphas), 1 / len(alphas)))
+        b0 = pm.Normal("b0", 0.0, 2.0)
+        b = pm.Normal("b", 0.0, 1.0, shape=2)
+        u = pm.Normal("u", 0.0, 0.5, shape=3)
+        mean = pm.math.exp(b0 + x_data @ b + u[g_data])
+        pm.NegativeBinomial("obs", mu=mean, alpha=pt.constant(alphas)[k], observed=y_data)
+    return model, [["k"], ["b0", "b", "u"]]
+
+
 BUILDERS = {
     "demo": (_demo, 1_000_000),
     "poisson_link": (_poisson_link, 1_000_000),
@@ -175,6 +202,7 @@ BUILDERS = {
     "logistic": (_logistic, 100_000),
     "mixture": (_mixture, 1_000_000),
     "readme": (_readme, 500_000),
+    "negbin": (_negbin, 100_000),
 }
 
 

@@ -290,19 +290,24 @@ def test_chunk_loop_waits_until_one_call_sums_have_paid(monkeypatch):
 
 
 def test_a_graph_that_loops_in_python_moves_before_a_large_call():
-    """An operation with no NumPy function (softplus) runs per element in Python on the
-    first tier: such a graph moves to Numba before a call on a population of rows, and
-    stays on the first tier for small inputs; a slow timing call moves a function too."""
+    """An operation with no NumPy function (a fused scalar graph here) runs per element in
+    Python on the first tier: such a graph moves to Numba before a call on a population
+    of rows, and stays on the first tier for small inputs; a slow timing call moves a
+    function too."""
+    import pytensor.scalar as ps
     import pytensor.tensor as pt
+    from pytensor.tensor.elemwise import Elemwise
 
     from pymc_subsample.model import tiered
 
     x = pt.dvector("x")
+    a = ps.float64("a")
+    looped = Elemwise(ps.Composite([a], [ps.log1p(ps.exp(a))]))  # no NumPy function
     with pm.Model() as model:
         pass
 
     def softplus_sum(mode):
-        return model.compile_fn(pt.softplus(x).sum(), inputs=[x], point_fn=False, mode=mode)
+        return model.compile_fn(looped(x).sum(), inputs=[x], point_fn=False, mode=mode)
 
     def exp_sum(mode):
         return model.compile_fn(pt.exp(x).sum(), inputs=[x], point_fn=False, mode=mode)

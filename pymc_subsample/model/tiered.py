@@ -14,7 +14,9 @@ graph), or after :data:`PROMOTE_CALLS` calls, or at once after a call of
 :data:`SLOW_CALL_SECONDS` (timing calls included). A graph whose first tier
 would loop in Python over each element (an operation with no NumPy function,
 :func:`loops_in_python`) moves before a call on :data:`PYTHON_LOOP_ELEMENTS`
-elements or more. It is the rule of
+elements or more; the first tier's rewrites give the common such operations
+(softplus, log1mexp, ...) a NumPy function
+(:mod:`~pymc_subsample.model.numpy_elemwise`), so that few graphs loop. It is the rule of
 ski rental, which spends on the slow tier at most a share of what compiling
 would cost: a function called a few times is never compiled, a hot one is
 compiled after a fraction of a second of draws. Calls that time a function (a
@@ -51,6 +53,8 @@ import numpy as np
 from pytensor.compile.mode import Mode
 from pytensor.link.vm import VMLinker
 
+from .numpy_elemwise import REWRITE_TAG
+
 __all__ = [
     "PROMOTE_CALLS",
     "PROMOTE_SECONDS",
@@ -77,14 +81,17 @@ SLOW_CALL_SECONDS = 1.0
 
 #: Input elements from which a first-tier call of a graph that loops in Python over each
 #: element (an elementwise operation with no NumPy function, run by ``np.frompyfunc``:
-#: softplus, say) moves the function before the call: there the first tier costs about a
-#: microsecond an element, seconds on a population of rows.
+#: a fused scalar graph, say) moves the function before the call: there the first tier
+#: costs about a microsecond an element, seconds on a population of rows.
 PYTHON_LOOP_ELEMENTS = 20_000
 
 #: The first tier: PyTensor's Python VM, each operation's NumPy ``perform`` (no C thunks,
-#: no fused loops, which only a compiled backend runs fast), after the usual rewrites.
-START_MODE = Mode(linker=VMLinker(use_cloop=False, c_thunks=False), optimizer="fast_run").excluding(
-    "fusion"
+#: no fused loops, which only a compiled backend runs fast), after the usual rewrites and
+#: :data:`~pymc_subsample.model.numpy_elemwise.REWRITE_TAG`.
+START_MODE = (
+    Mode(linker=VMLinker(use_cloop=False, c_thunks=False), optimizer="fast_run")
+    .excluding("fusion")
+    .including(REWRITE_TAG)
 )
 
 _PROMOTED = [0]

@@ -1,0 +1,51 @@
+"""The first tier's NumPy functions for elementwise operations PyTensor would loop over."""
+
+import numpy as np
+import pytensor
+import pytensor.tensor as pt
+import pytest
+
+from pymc_subsample.model.tiered import START_MODE, loops_in_python
+
+x = pt.dvector("x")
+y = pt.dvector("y")
+
+GRAPHS = {
+    "softplus": lambda: pt.softplus(x),
+    "softplus in place": lambda: pt.softplus(x + y),  # the in-place node keeps the function
+    "log1mexp": lambda: pt.log1mexp(-pt.abs(x) - 1e-300),
+    "log1mexp near 0": lambda: pt.log1mexp(-pt.abs(x) * 1e-9),
+    "tri_gamma": lambda: pt.tri_gamma(pt.abs(x) + 0.1),
+    "clip": lambda: pt.clip(x, y, y + 1.0),
+    "round": lambda: pt.round(x * 3.0, mode="half_away_from_zero"),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_first_tier_computes_with_numpy_the_value_of_the_compiled_graph(name):
+    out = GRAPHS[name]()
+    first = pytensor.function([x, y], out, mode=START_MODE, on_unused_input="ignore")
+    compiled = pytensor.function([x, y], out, mode="NUMBA", on_unused_input="ignore")
+    assert not loops_in_python(first.maker.fgraph)
+    rng = np.random.default_rng(0)
+    a = np.concatenate([rng.normal(size=500) * 30, [0.0, -0.5, 0.5, 1.5, -2.5, 40.0, -40.0]])
+    b = rng.normal(size=a.size)
+    np.testing.assert_allclose(first(a, b), compiled(a, b), rtol=1e-13, atol=1e-300)
+
+
+def test_a_negative_binomial_likelihood_does_not_loop_in_python_on_the_first_tier():
+    """NegativeBinomial's log density has softplus in it (and its gradient too)."""
+    import pymc as pm
+
+    with pm.Model() as model:
+        mu = pm.HalfNormal("mu")
+        alpha = pm.HalfNormal("alpha")
+        pm.NegativeBinomial("obs", mu=mu, alpha=alpha, observed=np.arange(20))
+    [lp] = model.logp(vars=[model["obs"]], sum=False)
+    grad = pytensor.grad(lp.sum(), model.value_vars)
+    fn = pytensor.function(model.value_vars, [lp, *grad], mode=START_MODE)
+    assert not loops_in_python(fn.maker.fgraph)
+    exact = pytensor.function(model.value_vars, [lp, *grad], mode="NUMBA")
+    point = [np.asarray(0.3), np.asarray(-0.2)]
+    for u, v in zip(fn(*point), exact(*point), strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-12)
