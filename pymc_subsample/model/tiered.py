@@ -10,16 +10,18 @@ therefore evaluates its graph first with PyTensor's Python VM
 an operation), and compiles it with the default mode (Numba) once the calls
 have cost a budget in all (:data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE`
 per operation of the graph, the larger: a compilation costs more the larger the
-graph), or after :data:`PROMOTE_CALLS` calls, or at once after a call of
-:data:`SLOW_CALL_SECONDS` (timing calls included). A graph whose first tier
-would loop in Python over each element (an operation with no NumPy function,
-:func:`loops_in_python`) moves before a call on :data:`PYTHON_LOOP_ELEMENTS`
-elements or more; the first tier's rewrites give the common such operations
-(softplus, log1mexp, ...) a NumPy function
-(:mod:`~pymc_subsample.model.numpy_elemwise`), so that few graphs loop. It is the rule of
-ski rental, which spends on the slow tier at most a share of what compiling
-would cost: a function called a few times is never compiled, a hot one is
-compiled after a fraction of a second of draws. Calls that time a function (a
+graph), or at once after a call of :data:`SLOW_CALL_SECONDS` (timing calls
+included). It is the rule of ski rental: rent until the rent paid equals the
+price of buying, which spends at most about twice the better of the two
+choices made in hindsight. A function called a few times is never compiled,
+a hot one once its calls have cost about what compiling it would; how many
+calls that takes depends on what a call costs, not on a count. A graph whose
+first tier would loop in Python over each element (an operation with no NumPy
+function, :func:`loops_in_python`) moves before a call on
+:data:`PYTHON_LOOP_ELEMENTS` elements or more; the first tier's rewrites give
+the common such operations (softplus, log1mexp, ...) a NumPy function
+(:mod:`~pymc_subsample.model.numpy_elemwise`), so that few graphs loop.
+Calls that time a function (a
 step planning its races) are not counted (:func:`uncounted`). Both tiers
 evaluate the same graph; their values differ by rounding only.
 
@@ -56,7 +58,6 @@ from pytensor.link.vm import VMLinker
 from .numpy_elemwise import REWRITE_TAG
 
 __all__ = [
-    "PROMOTE_CALLS",
     "PROMOTE_SECONDS",
     "PYTHON_LOOP_ELEMENTS",
     "SECONDS_PER_NODE",
@@ -72,9 +73,6 @@ __all__ = [
 PROMOTE_SECONDS = 0.5
 #: Seconds of calls per operation of the first tier's graph after which it is compiled, if more.
 SECONDS_PER_NODE = 0.05
-#: Calls after which a function moves whatever they cost: a function called hundreds of
-#: times is on the sampling path, where the compiled tier pays over a chain.
-PROMOTE_CALLS = 200
 #: A first-tier call that takes this long moves the function at once: its graph is heavy
 #: (a Hessian in many coordinates), where the compiled tier is many times faster.
 SLOW_CALL_SECONDS = 1.0
@@ -305,7 +303,7 @@ class TieredFunction:
             self.spent += seconds
             self.calls += 1
         # a slow call moves it even when uncounted: timing a slow tier times nothing useful
-        if self.spent >= self.budget or self.calls >= PROMOTE_CALLS or seconds >= SLOW_CALL_SECONDS:
+        if self.spent >= self.budget or seconds >= SLOW_CALL_SECONDS:
             self.promote()
         return out
 

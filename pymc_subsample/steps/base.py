@@ -642,9 +642,10 @@ class RacingStep(BlockedStep):
 
     def _compile_joint(self) -> None:
         """Compile the model's joint log density for :meth:`_joint_scores`, and call it once."""
-        # compiled with the default mode from the start (not tiered): the "auto" audits are
-        # budgeted on their time, and a slow first tier would thin them out
-        kwargs = {"on_unused_input": "ignore", "mode": None, **self._compile_kwargs}
+        # tiered (model/tiered.py): compiled once the audits have paid for it, so that
+        # the first draws do not wait for it; the "auto" audits, budgeted on their time,
+        # are sparser until then
+        kwargs = {"on_unused_input": "ignore", **self._compile_kwargs}
         model = self.model
         fn = compile_cached(model, model.logp(), model.value_vars, **kwargs)
         value = fn(*[self.initial_point[v.name] for v in model.value_vars])
