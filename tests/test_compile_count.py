@@ -330,3 +330,29 @@ def test_a_graph_that_loops_in_python_moves_before_a_large_call():
         finally:
             tiered.SLOW_CALL_SECONDS = monkey
     assert slow.promoted
+
+
+def test_promote_if_compiled_moves_only_what_the_machine_holds():
+    """After the rows function moves, its siblings move only if their machine code is
+    cached: one compiled since (a graph recorded) moves, a new graph stays."""
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    salt = float(np.random.default_rng().integers(1, 10**9))  # graphs new to this machine
+
+    def graph(k):
+        return lambda mode: model.compile_fn(
+            (pt.exp(x) * (salt + k)).sum(), inputs=[x], point_fn=False, mode=mode
+        )
+
+    waiting, other = TieredFunction(graph(0), budget=100.0), TieredFunction(graph(1), budget=100.0)
+    waiting(np.ones(3))
+    other(np.ones(3))
+    assert not waiting.promote_if_compiled() and not other.promote_if_compiled()
+    compiled = TieredFunction(graph(0), budget=100.0)
+    compiled.promote()
+    compiled(np.ones(3))  # the machine code exists: the graph is recorded
+    assert waiting.promote_if_compiled() and not other.promote_if_compiled()
+    np.testing.assert_allclose(waiting(np.zeros(2)), 2 * salt)

@@ -49,3 +49,20 @@ def test_a_negative_binomial_likelihood_does_not_loop_in_python_on_the_first_tie
     point = [np.asarray(0.3), np.asarray(-0.2)]
     for u, v in zip(fn(*point), exact(*point), strict=True):
         np.testing.assert_allclose(u, v, rtol=1e-12)
+
+
+def test_graphs_that_call_python_per_row_are_found():
+    """A Blockwise with no NumPy gufunc (solve) and a Scan run Python once per row or step."""
+    a = pt.tensor3("a")
+    b = pt.dmatrix("b")
+    solve = pt.linalg.solve(a, b[..., None])[..., 0]
+    steps = pytensor.scan(
+        lambda r, acc: 0.5 * acc + r,
+        sequences=[b[:, 0]],
+        outputs_info=[pt.as_tensor(np.float64(0.0))],
+        return_updates=False,
+    )
+    det = pt.linalg.det(a)  # numpy.linalg.det is a gufunc: no loop
+    for out, loops in ((solve, True), (steps[-1], True), (det, False), (pt.exp(b).sum(), False)):
+        fn = pytensor.function([a, b], out, mode=START_MODE, on_unused_input="ignore")
+        assert loops_in_python(fn.maker.fgraph) is loops, out

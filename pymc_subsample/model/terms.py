@@ -562,7 +562,7 @@ class ObservationTerms(TermRows):
             return self._rows_fn(*cands, *rows, *others)
         return self.loglik_subset(candidates, positions, point)
 
-    def promote(self, loop: bool = True) -> None:
+    def promote(self, loop: bool = True, compiled_only: bool = False) -> None:
         r"""Compile the terms' functions in their final tier now (Numba), not when they have paid.
 
         The rows, the sums, :math:`\log f_0` and the windows
@@ -570,11 +570,16 @@ class ObservationTerms(TermRows):
         compiled with a given ``mode`` are left as they are. With ``loop``, the
         sums' chunk loop too (:meth:`ChunkedSum.promote
         <pymc_subsample.model.chunked_sum.ChunkedSum.promote>`), else it is
-        compiled once it has paid.
+        compiled once it has paid. With ``compiled_only``, only the functions
+        whose machine code this machine holds move
+        (:meth:`~pymc_subsample.model.tiered.TieredFunction.promote_if_compiled`).
         """
         for fn in (self._rows_fn, self._exact_fn, self._sum_rows.fn, self._window_fn):
             if isinstance(fn, TieredFunction):
-                fn.promote()
+                if compiled_only:
+                    fn.promote_if_compiled()
+                else:
+                    fn.promote()
         if loop:
             self._sum_rows.promote()
 

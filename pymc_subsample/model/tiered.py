@@ -159,16 +159,27 @@ def _append(text: str) -> None:
 
 
 def loops_in_python(fgraph) -> bool:
-    """Return True when an elementwise node of ``fgraph`` runs its scalar op per element in Python.
+    """Return True when a node of ``fgraph`` runs per element (or per step) in Python.
 
     PyTensor's Python VM evaluates an ``Elemwise`` with its NumPy function
     where the scalar op has one for that many inputs, and otherwise with
-    ``np.frompyfunc`` on the op's Python ``impl``.
+    ``np.frompyfunc`` on the op's Python ``impl``; a ``Blockwise`` without a
+    NumPy gufunc with ``np.vectorize`` of its core op, a call per batch
+    element; a ``Scan`` runs its inner function once per step.
     """
+    from pytensor.scan.op import Scan
+    from pytensor.tensor.blockwise import Blockwise
     from pytensor.tensor.elemwise import Elemwise
 
     for node in fgraph.apply_nodes:
         op = node.op
+        if isinstance(op, Scan):
+            return True
+        if isinstance(op, Blockwise):
+            spec = op.gufunc_spec or getattr(op.core_op, "gufunc_spec", None)
+            if spec is None and op.batch_ndim(node) > 0:
+                return True
+            continue
         if not isinstance(op, Elemwise):
             continue
         spec = getattr(op, "nfunc_spec", None)
@@ -315,6 +326,18 @@ class TieredFunction:
             self._finalize()
             _PROMOTED[0] += 1
         return self.final
+
+    def promote_if_compiled(self) -> bool:
+        """Move to the final tier if this machine holds its machine code; return whether final.
+
+        A graph recorded as compiled loads from PyTensor's Numba cache in a fraction
+        of a second; any other stays where it is, to move once it has paid.
+        """
+        if self.final is None and self.start is None:
+            self._begin()  # a recorded graph starts final
+        if self.final is None and self.digest in _seen():
+            self.promote()
+        return self.final is not None
 
     def _finalize(self) -> None:
         self.final = self._compile(None)

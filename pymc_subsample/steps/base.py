@@ -552,13 +552,16 @@ class RacingStep(BlockedStep):
         far less a call, so the plan is made again at ``point``. Each race
         stays a race of its settings: the chain's law is unchanged. Once the
         rows function (the races' hot path) has moved, the terms' other
-        functions move with it (:meth:`ObservationTerms.promote
+        functions move with it where this machine holds their machine code
+        (:meth:`ObservationTerms.promote
         <pymc_subsample.model.terms.ObservationTerms.promote>`): the plan times
-        the exact pass too, and timed on the slow tier it kept races from their
-        compiled driver.
+        the exact pass too. The others move once they have paid: compiling them
+        here put a compilation of seconds before the first draw of a model's
+        second run; exact decisions count towards the race driver's budget, so
+        a plan timed on the slow tier still reaches the compiled race.
         """
         if self._rows_promoted():
-            self.terms.promote(loop=False)
+            self.terms.promote(loop=False, compiled_only=True)
         if any(self._auto_plan):
             self._replan_races(point)
 
