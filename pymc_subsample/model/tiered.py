@@ -163,9 +163,10 @@ def loops_in_python(fgraph) -> bool:
 
     PyTensor's Python VM evaluates an ``Elemwise`` with its NumPy function
     where the scalar op has one for that many inputs, and otherwise with
-    ``np.frompyfunc`` on the op's Python ``impl``; a ``Blockwise`` without a
-    NumPy gufunc with ``np.vectorize`` of its core op, a call per batch
-    element; a ``Scan`` runs its inner function once per step.
+    ``np.frompyfunc`` on the op's Python ``impl``; a ``Scan`` runs its inner
+    function once per step. A ``Blockwise`` without a NumPy gufunc calls its
+    core op per batch element too, but its batch is mostly the candidates (a
+    Categorical's values indexing a constant), a few calls: it is not counted.
     """
     from pytensor.scan.op import Scan
     from pytensor.tensor.blockwise import Blockwise
@@ -175,10 +176,7 @@ def loops_in_python(fgraph) -> bool:
         op = node.op
         if isinstance(op, Scan):
             return True
-        if isinstance(op, Blockwise):
-            spec = op.gufunc_spec or getattr(op.core_op, "gufunc_spec", None)
-            if spec is None and op.batch_ndim(node) > 0:
-                return True
+        if isinstance(op, Blockwise):  # batched over the candidates, mostly: a few calls
             continue
         if not isinstance(op, Elemwise):
             continue
