@@ -290,33 +290,32 @@ def test_chunk_loop_waits_until_one_call_sums_have_paid(monkeypatch):
 
 
 def test_a_graph_that_loops_in_python_moves_before_a_large_call():
-    """An operation with no NumPy function (a fused scalar graph here) runs per element in
-    Python on the first tier: such a graph moves to Numba before a call on a population
-    of rows, and stays on the first tier for small inputs; a slow timing call moves a
-    function too."""
-    import pytensor.scalar as ps
+    """An operation with no NumPy function (a ScalarLoop here: the gradient of the
+    regularised incomplete gamma function in its shape) runs per element in Python on the
+    first tier: such a graph moves to Numba before a call on a population of rows, and stays
+    on the first tier for small inputs; a slow timing call moves a function too."""
+    import pytensor
     import pytensor.tensor as pt
-    from pytensor.tensor.elemwise import Elemwise
 
     from pymc_subsample.model import tiered
 
     x = pt.dvector("x")
-    a = ps.float64("a")
-    looped = Elemwise(ps.Composite([a], [ps.log1p(ps.exp(a))]))  # no NumPy function
+    looped = pytensor.grad(pt.gammainc(pt.exp(x) + 1.0, 2.0).sum(), x)  # a ScalarLoop
     with pm.Model() as model:
         pass
 
-    def softplus_sum(mode):
-        return model.compile_fn(looped(x).sum(), inputs=[x], point_fn=False, mode=mode)
+    def looped_sum(mode):
+        return model.compile_fn(looped.sum(), inputs=[x], point_fn=False, mode=mode)
 
     def exp_sum(mode):
         return model.compile_fn(pt.exp(x).sum(), inputs=[x], point_fn=False, mode=mode)
 
     small, large = np.linspace(-1, 1, 10), np.linspace(-1, 1, tiered.PYTHON_LOOP_ELEMENTS)
-    fn = TieredFunction(softplus_sum, budget=100.0)
-    fn(small)
+    fn = TieredFunction(looped_sum, budget=100.0)
+    first = fn(small)
     assert fn.loops_in_python and not fn.promoted
-    np.testing.assert_allclose(fn(large), np.logaddexp(0, large).sum(), rtol=1e-10)
+    np.testing.assert_allclose(first, looped_sum("NUMBA")(small), rtol=1e-10)
+    np.testing.assert_allclose(fn(large), looped_sum(None)(large), rtol=1e-10)
     assert fn.promoted
     plain = TieredFunction(exp_sum, budget=100.0)
     plain(large)

@@ -67,3 +67,52 @@ def test_graphs_that_call_python_per_row_are_found():
     for out, loops in ((solve, False), (steps[-1], True), (det, False), (pt.exp(b).sum(), False)):
         fn = pytensor.function([a, b], out, mode=START_MODE, on_unused_input="ignore")
         assert loops_in_python(fn.maker.fgraph) is loops, out
+
+
+def test_fused_scalar_graphs_are_unfused_on_the_first_tier():
+    """PyTensor's rewrites fuse some operations even without the fusion pass (``x ** 3``
+    becomes ``Composite{sqr(i0) * i0}``); the first tier runs such a composite as one NumPy
+    operation per scalar operation, softplus inside it included, to the compiled value."""
+    from pytensor.scalar import basic as ps
+    from pytensor.scalar.math import softplus as scalar_softplus
+    from pytensor.tensor.elemwise import Elemwise
+
+    a = ps.float64("a")
+    b = ps.float64("b")
+    fused = Elemwise(ps.Composite([a, b], [ps.add(ps.mul(a, ps.exp(b)), ps.as_scalar(2.0))]))
+    softplus_inside = Elemwise(ps.Composite([a], [ps.sqr(scalar_softplus(a))]))
+    outs = [x**3 + y**4, fused(x, y), softplus_inside(x), (x**5) * pt.sigmoid(y) ** 3]
+    for out in outs:
+        first = pytensor.function([x, y], out, mode=START_MODE, on_unused_input="ignore")
+        assert not loops_in_python(first.maker.fgraph), out
+        assert not any(
+            isinstance(getattr(n.op, "scalar_op", None), ps.Composite)
+            for n in first.maker.fgraph.apply_nodes
+        )
+        compiled = pytensor.function([x, y], out, mode="NUMBA", on_unused_input="ignore")
+        rng = np.random.default_rng(1)
+        u, v = rng.normal(size=300) * 5, rng.normal(size=300) * 5
+        np.testing.assert_allclose(first(u, v), compiled(u, v), rtol=1e-12)
+
+
+def test_a_power_in_a_likelihood_keeps_its_first_tier_vectorised():
+    """A Student-t likelihood whose scale is a sum of cubed covariates (as in an ARCH model's
+    Hessian, where the first tier had looped in Python over 150,000 elements) and its
+    Hessian run with NumPy on the first tier."""
+    import pymc as pm
+
+    rng = np.random.default_rng(2)
+    with pm.Model() as model:
+        b = pm.Normal("b", shape=2)
+        scale = 1.0 + (b[0] * rng.normal(size=50)) ** 2 + pt.softplus(b[1]) ** 3
+        pm.StudentT("obs", nu=4.0, sigma=pt.sqrt(scale), observed=rng.normal(size=50))
+    [lp] = model.logp(vars=[model["obs"]], sum=False)
+    [value] = model.value_vars
+    grad = pytensor.grad(lp.sum(), value)
+    hess = pt.stack([pytensor.grad(grad[i], value) for i in range(2)])
+    fn = pytensor.function([value], [lp, hess], mode=START_MODE)
+    assert not loops_in_python(fn.maker.fgraph)
+    exact = pytensor.function([value], [lp, hess], mode="NUMBA")
+    point = np.array([0.4, -0.3])
+    for u, v in zip(fn(point), exact(point), strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-10)

@@ -10,12 +10,19 @@ same value (to rounding): :func:`softplus` is
 :math:`\log(1 + e^x) = \mathrm{logaddexp}(0, x)`, :func:`log1mexp` is
 :math:`\log(1 - e^x)` (Mächler 2012's two branches), and so on. The graph and
 its compiled tier are unchanged; only the first tier's ``perform`` differs.
+
+A ``Composite`` (a fused scalar graph, which PyTensor's rewrites make even
+with fusion excluded: ``x ** 3`` becomes ``Composite{sqr(i0) * i0}``) has no
+NumPy function either; the first tier runs its inner graph as one ``Elemwise``
+per scalar operation instead (:func:`unfuse_composite`), each with its NumPy
+function, so that it too is vectorised.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from pytensor.compile import optdb
+from pytensor.graph.basic import Constant
 from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.scalar import basic as ps
 from pytensor.scalar import math as psm
@@ -30,6 +37,7 @@ __all__ = [
     "second",
     "softplus",
     "tri_gamma",
+    "unfuse_composite",
 ]
 
 #: The rewrite database tag the first tier's mode includes.
@@ -104,7 +112,42 @@ def _numpy_function(fgraph, node):
     return new.make_node(*node.inputs).outputs
 
 
-# after the in-place rewrites, which make new operations without the function
+@node_rewriter([Elemwise])
+def unfuse_composite(fgraph, node):
+    """Replace an ``Elemwise`` of a ``Composite`` by one ``Elemwise`` per inner scalar operation.
+
+    The value is the same (the same scalar operations in the same order); the
+    first tier then evaluates each with its NumPy function instead of the
+    composite's Python ``impl`` per element.
+    """
+    from pytensor.tensor.basic import as_tensor_variable
+
+    composite = node.op.scalar_op
+    if not isinstance(composite, ps.Composite):
+        return None
+    inner = composite.fgraph
+    values = dict(zip(inner.inputs, node.inputs, strict=True))
+    for apply in inner.toposort():
+        args = []
+        for var in apply.inputs:
+            if isinstance(var, Constant):
+                args.append(as_tensor_variable(var.data, dtype=var.type.dtype))
+            else:
+                args.append(values[var])
+        outs = Elemwise(apply.op)(*args, return_list=True)
+        values.update(zip(apply.outputs, outs, strict=True))
+    new = [values[out] for out in inner.outputs]
+    for old, var in zip(node.outputs, new, strict=True):
+        if var.type.dtype != old.type.dtype or var.type.ndim != old.type.ndim:
+            return None  # the composite's broadcasting or casting differs: keep it
+    return new
+
+
+# after the in-place rewrites, which make new operations without the function; the
+# composites are unfused first, so that the operations inside get their function too
+optdb.register(
+    "pymc_subsample_unfuse_composites", in2out(unfuse_composite), REWRITE_TAG, position=50.65
+)
 optdb.register(
     "pymc_subsample_numpy_functions", in2out(_numpy_function), REWRITE_TAG, position=50.7
 )
