@@ -43,8 +43,9 @@ draws of the pseudoprior pilot, not at a mode):
 Our steps are built once; the pilot's draws are their first tuning draws
 (the surrogates of :class:`~pymc_subsample.RacingMetropolis` are fitted
 there), then both of our runs use them. Halfway through the pilot, the functions
-it called often move to Numba (:func:`finish_compiling`), so that the runs'
-seconds are sampling, not the first run's compilation.
+whose calls so far show that the runs to come would pay for their compilation
+move to Numba (:func:`finish_compiling`), so that the runs' seconds are
+sampling, not the first run's compilation.
 
 Writes ``arch_table.md``, ``arch_runs.json`` and ``arch_q.png`` into ``--out`` (default:
 the working directory; ``--out docs/examples`` regenerates the documentation's).
@@ -87,6 +88,7 @@ import xarray as xr
 from pymc.step_methods.compound import BlockedStep
 
 from pymc_subsample import RacingMetropolis, SubsampledCategoricalGibbs
+from pymc_subsample.model.tiered import START_MODE
 from pymc_subsample.options import AuditOptions, ProposalOptions
 
 matplotlib.use("Agg")
@@ -339,7 +341,8 @@ def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5)
         log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * d * np.log(2 * np.pi)
         proposals = mean + rng.standard_normal((draws, d)) @ chol_cov.T
         dev = (proposals - mean) @ chol_prec
-        logp = model.compile_logp()
+        # evaluated on PyTensor's Python VM: 400 calls do not pay for a Numba compilation
+        logp = model.compile_logp(mode=START_MODE)
         log_lik = np.array([logp({f"z_{order}": row}) for row in proposals])
         log_w = log_lik - (log_norm - 0.5 * (dev**2).sum(axis=1))
         log_evidence = np.logaddexp.reduce(log_w) - np.log(draws)
@@ -709,27 +712,28 @@ def tiered_functions(obj, found: dict | None = None, seen: set | None = None) ->
     return found
 
 
-#: Calls from which :func:`finish_compiling` compiles a function: about once every three
-#: draws of its order's step in a 200-draw pilot (six orders), the sampling path (the
-#: pilot passes half of it halfway through).
-HOT_CALLS = 10
+#: Draws of the runs after the pilot's first half per draw of that half: the pilot's
+#: second half (100) and two runs of two chains of 500 (2,000), against 100.
+FUTURE_DRAWS = 21.0
 
 
-def finish_compiling(steps, hot_calls: int = HOT_CALLS) -> int:
-    """Compile now the tiered functions of ``steps`` that the pilot called ``hot_calls`` times.
+def finish_compiling(steps, future: float = FUTURE_DRAWS) -> int:
+    """Compile now the tiered functions of ``steps`` that the runs to come would pay for.
 
     Our steps' functions start on PyTensor's Python VM and move to Numba once
-    their calls have paid (:mod:`pymc_subsample.model.tiered`); left alone, the
-    ones the chains use move during the first timed run, whose seconds would
-    then hold their compilation while the runs after it reuse it. Compiling
-    the hot ones during the pilot, which runs what the chains run, keeps the
-    runs' seconds to sampling (the chains' law is the same either way); those
-    called a few times (a refit, an audit) stay on the first tier. Returns how
-    many moved.
+    their calls have cost about what compiling them would (the budget of
+    :mod:`pymc_subsample.model.tiered`); left alone, the ones the chains use
+    move during the first timed run, whose seconds would then hold their
+    compilation while the runs after it reuse it. The pilot runs what the
+    chains run: a function whose seconds so far, times ``future`` (the draws
+    to come per draw so far), reach its budget moves now, so that the runs'
+    seconds are sampling rather than compilation (the chains' law is the same
+    either way); the others stay on the first tier, where the runs to come
+    would not pay for their compilation. Returns how many moved.
     """
     moved = 0
     for fn in tiered_functions(steps).values():
-        if fn.calls >= hot_calls and not fn.promoted:
+        if not fn.promoted and fn.start is not None and fn.spent * future >= fn.budget:
             fn.promote()  # the steps plan their races again at their next draw
             moved += 1
     return moved
@@ -740,8 +744,8 @@ def steps_and_pilot(
 ):
     """Build our steps, tune the adjusted prior of q in a pilot and set it in the model.
 
-    Halfway through the pilot, the functions its first half called often move to
-    Numba (:func:`finish_compiling`), and its second half compiles them at their
+    Halfway through the pilot, the functions the runs to come would pay for move
+    to Numba (:func:`finish_compiling`), and its second half compiles them at their
     first calls. Returns ``(steps, log_prior_q, build_seconds, pilot_seconds)``;
     the pilot's seconds include that compilation.
     """
@@ -756,7 +760,7 @@ def steps_and_pilot(
 
     def compile_hot():
         t1 = time.perf_counter()
-        moved = finish_compiling(steps, hot_calls=HOT_CALLS // 2)
+        moved = finish_compiling(steps)
         seconds = time.perf_counter() - t1
         print(f"halfway through the pilot: {moved} functions to Numba ({seconds:.0f} s)")
 
