@@ -711,6 +711,20 @@ def test_control_variates_keep_the_conditional_and_cut_the_terms(
     assert used < 0.5 * used_raw, (used, used_raw)
 
 
+def test_control_variates_at_their_reference_decide_from_the_exact_sums(selector_with_potential):
+    """With the other inputs at the expansion's reference every residual is zero and the
+    offsets are the exact sums: each draw is decided without reading a row, and the draws
+    follow the exact conditional."""
+    model, q, point = selector_with_potential
+    point = dict(point, mu=np.array([0.0, 0.03, 0.06, 0.09]))
+    probs = exact_conditional(model, "q", 4, point)
+    with model:
+        step = SubsampledCategoricalGibbs([q], control_variates=dict(point), rng=7, race=RACE)
+    draws, st = draw_many(step, point, 1500, "q")
+    assert_matches(draws, probs, 4)
+    assert all(s["n_evals"] == 0 for s in st)
+
+
 def test_control_variate_steps_back_off_to_exact_draws():
     """Back-off draws of a lone scalar with control variates are exact draws.
 

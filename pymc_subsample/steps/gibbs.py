@@ -456,7 +456,9 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
             return self._race_compiled(offsets, point)
         terms = self.terms
         if self.control_variates:
-            rewards, totals, log_f0 = self._residual_race(key, cands, point, log_f0)
+            rewards, totals, log_f0, at_reference = self._residual_race(key, cands, point, log_f0)
+            if at_reference:  # the offsets are the exact sums: decided without reading a row
+                return argmax_or_raise(log_f0 + noise), 0, 0, False, None, 0
         else:
 
             def rewards(arms, idx):
@@ -624,13 +626,20 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         self._noise_at = self._seed_at = DRAW_BUFFER
 
     def _residual_race(self, key, cands, point, log_f0):
-        """Callbacks and offsets of a race on the expansion's residuals (raw if unusable)."""
+        r"""Callbacks and offsets of a race on the expansion's residuals (raw if unusable).
+
+        Returns ``(rewards, totals, offsets, exact)``. ``exact`` is True when the
+        expansion's inputs are at its reference (:math:`\Delta = 0`): every residual is
+        then zero and the offsets hold each candidate's exact sums, so the decision
+        needs no race (a race would see rewards equal on every row, which it cannot
+        tell from differences on rare rows, and end in an exact pass).
+        """
         terms = self.terms
         shift = self._expansion_shift(cands, point)  # the sums keyed on every input they read
         raw_rewards = lambda arms, idx: terms.loglik_batch([c[arms] for c in cands], idx, point)  # noqa: E731
         raw_totals = lambda arms: terms.loglik_sum([c[arms] for c in cands], point)  # noqa: E731
         if not np.isfinite(shift[np.isfinite(log_f0)]).all():  # the reference is infeasible
-            return raw_rewards, raw_totals, log_f0
+            return raw_rewards, raw_totals, log_f0, False
         ref, expansion = self._reference, self.expansion
 
         def rewards(arms, idx):
@@ -639,7 +648,9 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         def totals(arms):
             return raw_totals(arms) - shift[arms]
 
-        return rewards, totals, np.where(np.isfinite(log_f0), log_f0 + shift, -np.inf)
+        at_reference = not np.any(self.expansion.delta(point, ref))
+        offsets = np.where(np.isfinite(log_f0), log_f0 + shift, -np.inf)
+        return rewards, totals, offsets, at_reference
 
     def _race_kwargs(self) -> dict:
         """Keywords of :func:`sample_categorical` for lil'UCB (no :class:`RaceConfig`)."""
