@@ -112,13 +112,13 @@ def _numpy_function(fgraph, node):
     return new.make_node(*node.inputs).outputs
 
 
-@node_rewriter([Elemwise])
-def unfuse_composite(fgraph, node):
-    """Replace an ``Elemwise`` of a ``Composite`` by one ``Elemwise`` per inner scalar operation.
+def unfuse_composite(node) -> list | None:
+    """Return the outputs of an ``Elemwise`` of a ``Composite`` built one scalar operation each.
 
     The value is the same (the same scalar operations in the same order); the
     first tier then evaluates each with its NumPy function instead of the
-    composite's Python ``impl`` per element.
+    composite's Python ``impl`` per element. None for any other node, or when
+    the rebuilt outputs' types differ from the node's.
     """
     from pytensor.tensor.basic import as_tensor_variable
 
@@ -143,11 +143,14 @@ def unfuse_composite(fgraph, node):
     return new
 
 
+@node_rewriter([Elemwise])
+def _unfuse(fgraph, node):
+    return unfuse_composite(node)
+
+
 # after the in-place rewrites, which make new operations without the function; the
 # composites are unfused first, so that the operations inside get their function too
-optdb.register(
-    "pymc_subsample_unfuse_composites", in2out(unfuse_composite), REWRITE_TAG, position=50.65
-)
+optdb.register("pymc_subsample_unfuse_composites", in2out(_unfuse), REWRITE_TAG, position=50.65)
 optdb.register(
     "pymc_subsample_numpy_functions", in2out(_numpy_function), REWRITE_TAG, position=50.7
 )
