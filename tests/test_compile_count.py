@@ -355,3 +355,35 @@ def test_promote_if_compiled_moves_only_what_the_machine_holds():
     compiled(np.ones(3))  # the machine code exists: the graph is recorded
     assert waiting.promote_if_compiled() and not other.promote_if_compiled()
     np.testing.assert_allclose(waiting(np.zeros(2)), 2 * salt)
+
+
+def test_the_first_tier_compiles_no_c_not_even_in_inner_functions(monkeypatch):
+    """A Blockwise of an OpFromGraph (what vectorising some likelihoods over candidates
+    gives) links its inner function on PyTensor's default VM, which made a C thunk of
+    each operation: a compiler run each on a new machine (a zero-inflated Poisson model
+    waited 38 s for them before its first draw). The first tier builds none."""
+    import pytensor
+    import pytensor.tensor as pt
+    from pytensor.compile.builders import OpFromGraph
+    from pytensor.link.c.op import COp
+    from pytensor.tensor.blockwise import Blockwise
+
+    def no_c(*args, **kwargs):
+        raise AssertionError("a C thunk was made on the first tier")
+
+    a = pt.dvector("a")
+    inner = OpFromGraph([a], [pt.log(pt.exp(a) + 1.0).sum() + pt.max(a)])
+    x = pt.dmatrix("x")
+    out = Blockwise(inner, signature="(n)->()")(x)
+    with pm.Model() as model:
+        pass
+
+    def build(mode):
+        return model.compile_fn(out, inputs=[x], point_fn=False, mode=mode)
+
+    value = np.arange(12.0).reshape(3, 4) / 10
+    expected = np.log(np.exp(value) + 1.0).sum(axis=1) + value.max(axis=1)
+    monkeypatch.setattr(COp, "make_c_thunk", no_c)
+    fn = TieredFunction(build, budget=100.0)
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+    assert not fn.promoted

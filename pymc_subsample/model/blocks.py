@@ -16,6 +16,7 @@ import pytensor.tensor as pt
 from pytensor.graph.traversal import ancestors
 
 from ..validation import ArgumentTypeError
+from .tiered import no_c_compilation
 
 __all__ = [
     "ModelSplitError",
@@ -106,7 +107,8 @@ def prior_points(model, n: int, seed: int) -> list[dict]:
     try:
         # Python's linker: a few draws, where compiling (Numba's object mode for some
         # random variables) would cost more than they do
-        draw = compile_pymc([], outputs, random_seed=seed, mode="FAST_COMPILE")
+        with no_c_compilation():
+            draw = compile_pymc([], outputs, random_seed=seed, mode="FAST_COMPILE")
         return [dict(zip(names, draw(), strict=True)) for _ in range(n)]
     except Exception:  # noqa: BLE001 (any failure to sample the prior: check at fewer points)
         return []

@@ -50,6 +50,7 @@ from pytensor.tensor.subtensor import AdvancedSubtensor
 
 from .batched import vectorize_per_point
 from .function_cache import compile_cached
+from .tiered import no_c_compilation
 
 __all__ = [
     "SUPPORT_MODES",
@@ -419,12 +420,14 @@ class RowSupport:
         # linker compiles them at once (each op a NumPy call)
         kwargs = {**terms._compile_kwargs, "mode": "FAST_COMPILE"}
         inputs = [*terms.candidate_vars, *terms.inputs, *holders]
-        self._check_fn = compile_cached(terms.model, vectorized, inputs, **kwargs)
+        with no_c_compilation():
+            self._check_fn = compile_cached(terms.model, vectorized, inputs, **kwargs)
         self._out_of_core = getattr(terms, "out_of_core", False)
         if self._out_of_core:  # per chunk of rows, the rows as inputs (a Dask pass)
             self._stats_fn = out_of_core_statistics(terms, self._statistics, kwargs)
         else:
-            self._stats_fn = compile_cached(terms.model, stats, [], **kwargs) if stats else None
+            with no_c_compilation():
+                self._stats_fn = compile_cached(terms.model, stats, [], **kwargs) if stats else None
         self.mode = "bounds"
 
     def _unknown(self, reason: str) -> None:

@@ -40,7 +40,7 @@ from pytensor.tensor.random.basic import (
 )
 
 from .blocks import depends_on
-from .tiered import START_MODE
+from .tiered import START_MODE, no_c_compilation
 
 __all__ = ["MAX_CATEGORIES", "discrete_support"]
 
@@ -93,9 +93,10 @@ def discrete_support(model, value_var, initial_point: dict) -> np.ndarray:
     elif isinstance(op, CategoricalRV):
         (k_graph,) = model.replace_rvs_by_values((rv.owner.inputs[-1].shape[-1],))
         # called once: PyTensor's Python VM, no machine code to compile
-        fn = model.compile_fn(
-            k_graph, inputs=model.value_vars, on_unused_input="ignore", mode=START_MODE
-        )
+        with no_c_compilation():
+            fn = model.compile_fn(
+                k_graph, inputs=model.value_vars, on_unused_input="ignore", mode=START_MODE
+            )
         lower, upper = 0, int(fn(initial_point)) - 1
     else:
         lower, upper = _bounds(model, rv, op, kind)
@@ -173,7 +174,8 @@ def _constant_bounds(model, rv, graphs, names: tuple[str, ...]) -> list[np.ndarr
             "SubsampledCategoricalGibbs enumerates a support fixed when the step is built. "
             f"Use pm.Metropolis for {rv.name!r}, or make its bounds constants or pm.Data"
         )
-    fn = pytensor.function([], in_values, mode="FAST_COMPILE")
+    with no_c_compilation():
+        fn = pytensor.function([], in_values, mode="FAST_COMPILE")
     return [np.asarray(a) for a in fn()]
 
 

@@ -52,6 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from pytensor import config
 from pytensor.compile.mode import Mode
 from pytensor.link.vm import VMLinker
 
@@ -65,6 +66,7 @@ __all__ = [
     "START_MODE",
     "TieredFunction",
     "graph_digest",
+    "no_c_compilation",
     "promotions",
     "uncounted",
 ]
@@ -107,8 +109,6 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 def _seen_path() -> Path:
-    from pytensor import config
-
     return Path(config.base_compiledir) / "pymc_subsample_compiled_graphs.txt"
 
 
@@ -203,6 +203,18 @@ def graph_digest(fn) -> str:
     return hashlib.sha256((out.getvalue() + types).encode()).hexdigest()
 
 
+def no_c_compilation():
+    """Return a context in which PyTensor compiles no C: each operation runs its Python code.
+
+    :data:`START_MODE` makes no C thunks for the graph's own operations, but an
+    operation with an inner function (a ``Blockwise`` of an ``OpFromGraph``, say)
+    links that function on PyTensor's default VM, which compiles each operation
+    with the C compiler (a compiler run each on a machine that has not compiled
+    them, a second or so). With ``config.cxx`` empty no operation is compiled.
+    """
+    return config.change_flags(cxx="")
+
+
 @contextmanager
 def uncounted():
     """Within this block, calls do not count towards any function's budget (timing calls)."""
@@ -266,7 +278,8 @@ class TieredFunction:
 
         Deferred to the first call: a function never called costs nothing.
         """
-        self.start = self._compile(START_MODE)
+        with no_c_compilation():  # inner functions' C thunks too: a gcc run each, new machine
+            self.start = self._compile(START_MODE)
         budget = self._budget
         if budget is None:
             n_nodes = len(self.start.maker.fgraph.apply_nodes)
