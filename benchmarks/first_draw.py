@@ -45,6 +45,12 @@ Models (``--models``; sizes with ``--scale``):
   dispersion (Gibbs) and six coefficients (RacingMetropolis): a likelihood whose
   graph has operations with no NumPy function (softplus, gammaln).
 
+Run by name only (``--models``, :data:`EXTRA_MODELS`), models of users' shapes timed
+after the rules above were built: a gamma GLM with a Categorical shape (N = 2e5), an
+ordered logistic regression (1e5), a zero-inflated Poisson regression (2e5), a censored
+Weibull regression (1e5), a cubic Student-t regression (1e5) and a two-component
+normal mixture with a Categorical choosing one scale (1e5).
+
 Writes ``docs/results/tables/first_draw.json`` and ``first_draw.md``. Run:
 ``python benchmarks/first_draw.py [--models demo,logistic] [--quick] [--skip-fresh]``.
 One model and side: ``python benchmarks/first_draw.py --one demo --side ours``
@@ -81,7 +87,14 @@ DRAWS = {
     "readme": ((500, 500), (100, 100)),
     "negbin": ((500, 500), (100, 100)),
 }
+#: The default models (``--models``); the ones below run when named.
 MODELS = list(DRAWS)
+#: Models of users' shapes added after the tables' rules were built, run by name
+#: (``--models gamma_glm,...``): a gamma GLM choosing its shape, an ordered logistic
+#: regression, a zero-inflated Poisson regression, a censored Weibull regression, a cubic
+#: Student-t regression and a two-component mixture choosing one scale.
+EXTRA_MODELS = ["gamma_glm", "ordered", "zip", "weibull_cens", "poly_student", "mix_choice"]
+DRAWS.update({name: ((500, 500), (200, 200)) for name in EXTRA_MODELS})
 #: Models nutpie can sample whole (no discrete block): its column in the table.
 NUTPIE_MODELS = ("studentt_nu", "hierarchical", "logistic")
 
@@ -194,6 +207,120 @@ def _negbin(n):
     return model, [["k"], ["b0", "b", "u"]]
 
 
+def _gamma_glm(n):
+    import pymc as pm
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(n, 3))
+    mu = np.exp(0.2 + x @ np.array([0.3, -0.2, 0.1]))
+    y = rng.gamma(2.0, mu / 2.0)
+    shapes = np.array([0.5, 1.0, 2.0, 4.0])
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        yd = pm.Data("y", y)
+        k = pm.Categorical("k", p=np.full(4, 0.25))
+        b0 = pm.Normal("b0", 0, 2)
+        b = pm.Normal("b", 0, 1, shape=3)
+        m = pm.math.exp(b0 + xd @ b)
+        alpha = pm.math.constant(shapes)[k]
+        pm.Gamma("obs", alpha=alpha, beta=alpha / m, observed=yd)
+    return model, [["k"], ["b0", "b"]]
+
+
+def _ordered(n):
+    import pymc as pm
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(n, 2))
+    eta = x @ np.array([0.8, -0.5])
+    cuts = np.array([-1.0, 0.0, 1.2])
+    u = rng.logistic(size=n) + eta
+    y = (u[:, None] > cuts).sum(axis=1)
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        yd = pm.Data("y", y)
+        b = pm.Normal("b", 0, 1, shape=2)
+        c = pm.Normal(
+            "c", mu=[-1, 0, 1], sigma=2, shape=3, transform=pm.distributions.transforms.ordered
+        )
+        pm.OrderedLogistic("obs", eta=xd @ b, cutpoints=c, observed=yd)
+    return model, [[], ["b", "c"]]
+
+
+def _zip(n):
+    import pymc as pm
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=n)
+    lam = np.exp(0.5 + 0.4 * x)
+    y = np.where(rng.random(n) < 0.3, 0, rng.poisson(lam))
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        yd = pm.Data("y", y)
+        psi = pm.Beta("psi", 2, 2)
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 1)
+        pm.ZeroInflatedPoisson("obs", psi=psi, mu=pm.math.exp(a + b * xd), observed=yd)
+    return model, [[], ["psi", "a", "b"]]
+
+
+def _weibull_cens(n):
+    import pymc as pm
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=n)
+    t = rng.weibull(1.5, size=n) * np.exp(0.3 * x)
+    c = 1.5
+    yobs = np.minimum(t, c)
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        yd = pm.Data("y", yobs)
+        k = pm.HalfNormal("k", 2)
+        b = pm.Normal("b", 0, 1)
+        pm.Censored(
+            "obs",
+            pm.Weibull.dist(alpha=k, beta=pm.math.exp(b * xd)),
+            lower=None,
+            upper=c,
+            observed=yd,
+        )
+    return model, [[], ["k", "b"]]
+
+
+def _poly_student(n):
+    import pymc as pm
+
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-2, 2, size=n)
+    y = 0.5 + 0.3 * x - 0.2 * x**2 + 0.05 * x**3 + rng.standard_t(5, size=n) * 0.5
+    with pm.Model() as model:
+        xd = pm.Data("x", x)
+        yd = pm.Data("y", y)
+        b = pm.Normal("b", 0, 1, shape=4)
+        s = pm.HalfNormal("s", 1)
+        mu = b[0] + b[1] * xd + b[2] * xd**2 + b[3] * xd**3
+        pm.StudentT("obs", nu=5, mu=mu, sigma=s, observed=yd)
+    return model, [[], ["b", "s"]]
+
+
+def _mix_choice(n):
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    rng = np.random.default_rng(9)
+    y = np.where(rng.random(n) < 0.3, rng.normal(-1, 0.5, n), rng.normal(1.5, 1.0, n))
+    with pm.Model() as model:
+        yd = pm.Data("y", y)
+        k = pm.Categorical("k", p=np.full(3, 1 / 3))  # which scale family for comp 2
+        w = pm.Beta("w", 2, 2)
+        mu = pm.Normal("mu", 0, 2, shape=2)
+        sd2 = pt.constant(np.array([0.5, 1.0, 2.0]))[k]
+        pm.NormalMixture(
+            "obs", w=pt.stack([w, 1 - w]), mu=mu, sigma=pt.stack([0.5, sd2]), observed=yd
+        )
+    return model, [["k"], ["w", "mu"]]
+
+
 BUILDERS = {
     "demo": (_demo, 1_000_000),
     "poisson_link": (_poisson_link, 1_000_000),
@@ -203,6 +330,12 @@ BUILDERS = {
     "mixture": (_mixture, 1_000_000),
     "readme": (_readme, 500_000),
     "negbin": (_negbin, 100_000),
+    "gamma_glm": (_gamma_glm, 200_000),
+    "ordered": (_ordered, 100_000),
+    "zip": (_zip, 200_000),
+    "weibull_cens": (_weibull_cens, 100_000),
+    "poly_student": (_poly_student, 100_000),
+    "mix_choice": (_mix_choice, 100_000),
 }
 
 
