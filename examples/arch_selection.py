@@ -725,15 +725,18 @@ def finish_compiling(steps, future: float = FUTURE_DRAWS) -> int:
     :mod:`pymc_subsample.model.tiered`); left alone, the ones the chains use
     move during the first timed run, whose seconds would then hold their
     compilation while the runs after it reuse it. The pilot runs what the
-    chains run: a function whose seconds so far, times ``future`` (the draws
-    to come per draw so far), reach its budget moves now, so that the runs'
-    seconds are sampling rather than compilation (the chains' law is the same
-    either way); the others stay on the first tier, where the runs to come
-    would not pay for their compilation. Returns how many moved.
+    chains run: a function whose seconds so far (earlier processes' included,
+    as the tiers count them) plus this process's seconds times ``future`` (the
+    draws to come per draw so far) reach its budget moves now, so that the
+    runs' seconds are sampling rather than compilation (the chains' law is the
+    same either way); the others stay on the first tier, where the runs to
+    come would not pay for their compilation. Returns how many moved.
     """
     moved = 0
     for fn in tiered_functions(steps).values():
-        if not fn.promoted and fn.start is not None and fn.spent * future >= fn.budget:
+        # what its calls have cost (earlier runs' too) plus what this run's rate projects
+        projected = fn.spent + (fn.spent - fn.carried) * future
+        if not fn.promoted and fn.start is not None and projected >= fn.budget:
             fn.promote()  # the steps plan their races again at their next draw
             moved += 1
     return moved

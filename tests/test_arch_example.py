@@ -422,11 +422,12 @@ def test_finish_compiling_moves_the_functions_the_runs_to_come_pay_for(monkeypat
             point, _ = s.step(point)
     fns = [f for f in arch.tiered_functions(steps).values() if f.start is not None]
     future = 10.0
-    hot = [f for f in fns if f.spent * future >= f.budget]
-    cold = [f for f in fns if 0 < f.spent * future < f.budget]
+    assert all(f.carried == 0 for f in fns)  # a model new to the machine: this run's seconds
+    hot = [f for f in fns if f.spent * (1 + future) >= f.budget]
+    cold = [f for f in fns if 0 < f.spent * (1 + future) < f.budget]
     assert len(cold) >= 2  # called, but not enough for the runs to come to pay for them
     made_hot = cold.pop()  # one made hot by its seconds: the rule, not the timings, decides
-    made_hot.spent = made_hot.budget / future
+    made_hot.spent = made_hot.budget / future  # projected: budget * (1 + 1 / future)
     hot.append(made_hot)
     assert arch.finish_compiling(steps, future=future) == len(hot)
     assert all(f.promoted for f in hot)
