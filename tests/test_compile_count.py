@@ -362,7 +362,6 @@ def test_the_first_tier_compiles_no_c_not_even_in_inner_functions(monkeypatch):
     gives) links its inner function on PyTensor's default VM, which made a C thunk of
     each operation: a compiler run each on a new machine (a zero-inflated Poisson model
     waited 38 s for them before its first draw). The first tier builds none."""
-    import pytensor
     import pytensor.tensor as pt
     from pytensor.compile.builders import OpFromGraph
     from pytensor.link.c.op import COp
