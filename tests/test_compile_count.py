@@ -320,15 +320,18 @@ def test_a_graph_that_loops_in_python_moves_before_a_large_call():
     plain = TieredFunction(exp_sum, budget=100.0)
     plain(large)
     assert not plain.loops_in_python and not plain.promoted
-    with tiered.uncounted():  # a timing call of a second or more: moved all the same
-        slow = TieredFunction(exp_sum, budget=100.0)
-        monkey = tiered.SLOW_CALL_SECONDS
-        try:
-            tiered.SLOW_CALL_SECONDS = 0.0
+    monkey = tiered.SLOW_CALL_SECONDS
+    try:
+        tiered.SLOW_CALL_SECONDS = 0.0  # every call counts as slow
+        with tiered.uncounted():  # a timing call slower than half the budget: moved all the same
+            slow = TieredFunction(exp_sum, budget=1e-9)
             slow(small)
-        finally:
-            tiered.SLOW_CALL_SECONDS = monkey
-    assert slow.promoted
+        heavy = TieredFunction(exp_sum, budget=100.0)  # a heavy graph's large budget: it stays
+        heavy(small)
+    finally:
+        tiered.SLOW_CALL_SECONDS = monkey
+    assert slow.promoted and slow.spent == 0.0
+    assert not heavy.promoted
 
 
 def test_promote_if_compiled_moves_only_what_the_machine_holds():

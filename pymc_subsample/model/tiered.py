@@ -10,7 +10,7 @@ therefore evaluates its graph first with PyTensor's Python VM
 an operation), and compiles it with the default mode (Numba) once the calls
 have cost a budget in all (:data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE`
 per operation of the graph, the larger: a compilation costs more the larger the
-graph), or at once after a call of :data:`SLOW_CALL_SECONDS` (timing calls
+graph), or at once after a call of :data:`SLOW_CALL_SECONDS` and half the budget (timing calls
 included). It is the rule of ski rental: rent until the rent paid equals the
 price of buying, which spends at most about twice the better of the two
 choices made in hindsight. A function called a few times is never compiled,
@@ -75,8 +75,11 @@ __all__ = [
 PROMOTE_SECONDS = 0.5
 #: Seconds of calls per operation of the first tier's graph after which it is compiled, if more.
 SECONDS_PER_NODE = 0.05
-#: A first-tier call that takes this long moves the function at once: its graph is heavy
-#: (a Hessian in many coordinates), where the compiled tier is many times faster.
+#: A first-tier call that takes this long, and half the function's budget, moves the
+#: function at once (timing calls included): a call that slow, where a second one would
+#: reach the budget, says the first tier does not suit the graph (a Python loop over rows).
+#: A heavy graph's budget is larger (:data:`SECONDS_PER_NODE`): a first call of a second
+#: or two on a Hessian in 104 coordinates does not move it (its compilation took 38 s).
 SLOW_CALL_SECONDS = 1.0
 
 #: Input elements from which a first-tier call of a graph that loops in Python over each
@@ -325,7 +328,7 @@ class TieredFunction:
             self.spent += seconds
             self.calls += 1
         # a slow call moves it even when uncounted: timing a slow tier times nothing useful
-        if self.spent >= self.budget or seconds >= SLOW_CALL_SECONDS:
+        if self.spent >= self.budget or seconds >= max(SLOW_CALL_SECONDS, 0.5 * self.budget):
             self.promote()
         return out
 
