@@ -288,6 +288,7 @@ class TieredFunction:
             n_nodes = len(self.start.maker.fgraph.apply_nodes)
             budget = max(PROMOTE_SECONDS, SECONDS_PER_NODE * n_nodes)
         self.budget = float(budget)
+        self._slow_call = max(SLOW_CALL_SECONDS, 0.5 * self.budget)
         self.loops_in_python = loops_in_python(self.start.maker.fgraph)
         self._call = self._start_call
         self.digest = graph_digest(self.start)
@@ -328,7 +329,7 @@ class TieredFunction:
             self.spent += seconds
             self.calls += 1
         # a slow call moves it even when uncounted: timing a slow tier times nothing useful
-        if self.spent >= self.budget or seconds >= max(SLOW_CALL_SECONDS, 0.5 * self.budget):
+        if self.spent >= self.budget or seconds >= self._slow_call:
             self.promote()
         return out
 

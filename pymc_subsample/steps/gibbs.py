@@ -272,15 +272,19 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
             return self.expansion.residual_batch(cands, positions, point, self._reference)
         return super()._batch_rewards(cands, positions, point)
 
-    def _expansion_shift(self, cands, point) -> np.ndarray:
-        r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate."""
+    def _expansion_shift(self, cands, point) -> tuple[np.ndarray, bool]:
+        r"""Return :math:`S_i + G_i^\top\Delta + \Delta^\top H_i \Delta / 2` for every candidate.
+
+        Also whether :math:`\Delta = 0` (the inputs at the reference: the shift is
+        then :math:`S_i`, the exact sums).
+        """
         ref = self._reference
         values, grads, hess = self.expansion.cached_sums(ref, point, cands)
         step = self.expansion.delta(point, ref)
         shift = values + grads @ step
         if hess is not None:
             shift += 0.5 * np.einsum("kij,i,j->k", hess, step, step)
-        return shift
+        return shift, not np.any(step)
 
     def _check_support_numerically(self) -> None:
         r"""Make one exact pass at the initial point's candidates, for a -inf the graph hid.
@@ -635,7 +639,8 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         tell from differences on rare rows, and end in an exact pass).
         """
         terms = self.terms
-        shift = self._expansion_shift(cands, point)  # the sums keyed on every input they read
+        # the sums keyed on every input they read
+        shift, at_reference = self._expansion_shift(cands, point)
         raw_rewards = lambda arms, idx: terms.loglik_batch([c[arms] for c in cands], idx, point)  # noqa: E731
         raw_totals = lambda arms: terms.loglik_sum([c[arms] for c in cands], point)  # noqa: E731
         if not np.isfinite(shift[np.isfinite(log_f0)]).all():  # the reference is infeasible
@@ -648,7 +653,6 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         def totals(arms):
             return raw_totals(arms) - shift[arms]
 
-        at_reference = not np.any(self.expansion.delta(point, ref))
         offsets = np.where(np.isfinite(log_f0), log_f0 + shift, -np.inf)
         return rewards, totals, offsets, at_reference
 
