@@ -451,6 +451,28 @@ def test_compiled_step_audits_its_races(large_selector):
     assert all(s["n_raced"] == 0 for s in st[switched:])
 
 
+def test_a_replan_that_changes_nothing_keeps_the_driver(large_selector):
+    """A function moving to Numba mid-chain plans the races again; the same plan keeps its driver.
+
+    Any promotion in the process (the audits' joint density, another step's
+    function) triggers a replan; one that chooses the same settings on the
+    same rows kernel neither rebuilds the driver nor runs its warm-up race.
+    """
+    model, q = large_selector
+    point = dict(model.initial_point(), slope=np.asarray(0.5))
+    with model:
+        step = SubsampledCategoricalGibbs(
+            [q], rng=3, race=RaceOptions(backoff=False, batch_size=400, exact_fraction=0.1)
+        )
+    step.finish_compiling()
+    assert step.compiled
+    driver, calls = step.compiled_race, []
+    race = step._race_compiled
+    step._race_compiled = lambda o, p, seed=None: calls.append(seed) or race(o, p, seed)
+    step._functions_promoted(point)
+    assert step.compiled_race is driver and calls == []
+
+
 def test_every_audit_is_timed():
     """Every audit is timed, also when the race computed every value's sums itself.
 

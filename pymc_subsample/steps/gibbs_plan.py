@@ -80,10 +80,13 @@ class CompiledRacePlanner:
         if not self._compiled:
             return
         self._reads_others = bool(others)  # a race reads the other inputs at each draw
+        rows = terms.compiled_rows()
+        key = (rows.fn, self.race_config, n_cat, n_obs, len(others))
+        if getattr(self, "_compiled_race_key", None) == key:
+            return  # the driver built for this plan serves it (a replan changed nothing)
         # compile the driver before sampling (a second or two, once)
-        self._compiled_race = CompiledRace(
-            terms.compiled_rows(), self.race_config, n_cat, n_obs, len(others)
-        )
+        self._compiled_race = CompiledRace(rows, self.race_config, n_cat, n_obs, len(others))
+        self._compiled_race_key = key
         self._race_compiled(np.zeros(n_cat), point, seed=np.zeros(1, dtype=np.uint64))
 
     def _others(self, point) -> tuple:
