@@ -389,3 +389,29 @@ def test_the_first_tier_compiles_no_c_not_even_in_inner_functions(monkeypatch):
     fn = TieredFunction(build, budget=100.0)
     np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
     assert not fn.promoted
+
+
+def test_a_python_race_compiles_each_library_kernel_once():
+    """Every state a Python race passes to a kernel has one layout: one compilation each.
+
+    Arms dropped by a look, or by a ``-inf`` reward, left the state's rows in
+    Fortran order (a boolean index on the second axis), so the next look
+    compiled ``look_rows`` a second time: seconds on a machine new to it.
+    Run in a new process, where no earlier test typed the kernels.
+    """
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from numba.core.registry import CPUDispatcher
+from pymc_subsample.racing import kernels, sample_categorical
+rng = np.random.default_rng(0)
+table = rng.normal(np.linspace(0.0, 0.05, 12)[:, None], 1.0, size=(12, 20_000))
+table[3, 7_000] = -np.inf  # an arm dropped by a -inf reward
+for seed in range(5):
+    sample_categorical(np.zeros(12), lambda arms, idx: table[np.ix_(arms, idx)], 20_000, rng=seed)
+print(max(len(f.signatures) for f in vars(kernels).values() if isinstance(f, CPUDispatcher)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "1", out.stdout + out.stderr[-2000:]

@@ -308,7 +308,7 @@ class SharedRace:
         ref = int(np.searchsorted(rows, ref)) if ref in rows else -1
         batch = batch[rows]
         dropped = state._replace(
-            alive=alive[rows], rows=state.rows[:, rows], ref=ref, means=means,
+            alive=alive[rows], rows=np.ascontiguousarray(state.rows[:, rows]), ref=ref, means=means,
             n_evaluations=n_evals - batch.size,
         )  # fmt: skip
         if len(dropped.alive) == 0:
@@ -409,7 +409,8 @@ class SharedRace:
             means[alive[gone]] = new[0, gone] + new[3, gone]
             if ref >= 0:
                 ref = int(np.count_nonzero(keep[:ref]))
-            alive, rows = alive[keep], new[:4, keep]
+            # C order, as every other state's rows: a second layout is a second compilation
+            alive, rows = alive[keep], np.ascontiguousarray(new[:4, keep])
         else:
             rows = new[:4]
         winner = int(alive[0]) if len(alive) == 1 else -1
