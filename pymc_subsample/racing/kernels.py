@@ -264,7 +264,8 @@ def skew_guard(
             continue
         if not pairwise and not lead_checked:
             lead_checked = True
-            if size < 25.0 * _batch_g1sq(batch, lead, lead, bmean, False):
+            # pairwise (False here), not the literal: a literal is a second compilation
+            if size < 25.0 * _batch_g1sq(batch, lead, lead, bmean, pairwise):
                 return np.ones(s, dtype=np.bool_)
         if size < 25.0 * _batch_g1sq(batch, i, lead, bmean, pairwise):
             out[i] = True
