@@ -9,6 +9,7 @@ draw, must not grow back silently: raise them only with a measured reason
 """
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pymc as pm
@@ -35,6 +36,7 @@ def new_machine(monkeypatch, tmp_path):
     from pymc_subsample.model import tiered
 
     monkeypatch.setattr(tiered, "_SEEN", set())
+    monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
     monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "seen.txt")
 
 
@@ -153,7 +155,7 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     from pymc_subsample.steps import gibbs_plan
 
     monkeypatch.setattr(tiered, "PROMOTE_SECONDS", 0.02)
-    monkeypatch.setattr(tiered, "SECONDS_PER_NODE", 0.0)
+    monkeypatch.setattr(tiered, "seconds_per_node", lambda: 0.0)
     monkeypatch.setattr(gibbs_plan, "DRIVER_SECONDS", 0.02)  # and the race driver with them
     clear_function_cache()
     model, grid, y = _grid_model()
@@ -188,6 +190,7 @@ def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path
     def new_process():  # a fresh registry of what this machine has seen and spent
         monkeypatch.setattr(tiered, "_SEEN", None)
         monkeypatch.setattr(tiered, "_SPENT", {})
+        monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
         monkeypatch.setattr(tiered, "_LIVE", tiered.weakref.WeakSet())
 
     monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "graphs.txt")
@@ -208,6 +211,53 @@ def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path
     third = TieredFunction(compile_in, budget=10.0)  # 11 s spent by the runs before
     np.testing.assert_allclose(third(np.arange(3.0)), 9.0)  # 0 + 1 + 8
     assert third.promoted
+
+
+def test_budgets_are_priced_at_this_machines_compilations(monkeypatch, tmp_path):
+    """A compilation is recorded with its graph's size; a new graph's budget uses that rate.
+
+    A graph of 230 operations whose compilation took 38 s was budgeted at the
+    default rate (11.5 s): the second run of its model paid the 38 s before its
+    first draw. Priced at the rate this machine recorded, it rents longer.
+    """
+    import pytensor.tensor as pt
+
+    from pymc_subsample.model import tiered
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    graph = sum(pt.cos(x * float(i)) for i in range(1, 15)).sum()
+
+    def compile_in(mode):
+        return model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode)
+
+    def new_process():
+        monkeypatch.setattr(tiered, "_SEEN", None)
+        monkeypatch.setattr(tiered, "_SPENT", {})
+        monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
+
+    path = tmp_path / "graphs.txt"
+    monkeypatch.setattr(tiered, "_seen_path", lambda: path)
+    monkeypatch.setattr(tiered.atexit, "register", lambda f: None)
+    new_process()
+    assert tiered.seconds_per_node() == tiered.SECONDS_PER_NODE  # nothing recorded yet
+    fn = TieredFunction(compile_in)
+    fn(np.arange(3.0))
+    n_nodes = fn.n_nodes
+    assert n_nodes >= tiered.PRICE_MIN_NODES
+    assert fn.budget == pytest.approx(max(tiered.PROMOTE_SECONDS, 0.05 * n_nodes))
+    fn.promote()
+    fn(np.arange(3.0))  # Numba compiles it here: its seconds are recorded with its size
+    (line,) = [ln for ln in path.read_text().split() if ln.startswith("price:")]
+    nodes, seconds = line[len("price:") :].split(":")
+    assert int(nodes) == n_nodes and float(seconds) > 0
+    path.write_text(f"price:{10 * n_nodes}:{2.0 * n_nodes}\nprice:5:100.0\n")  # 0.2 s each
+    new_process()
+    assert tiered.seconds_per_node() == pytest.approx(0.2)  # the small graph is not used
+    again = TieredFunction(compile_in)
+    again(np.arange(3.0))
+    assert not again.promoted and again.budget == pytest.approx(0.2 * n_nodes)
 
 
 def test_a_function_moved_at_its_last_call_is_not_recorded_as_compiled():
@@ -415,3 +465,66 @@ print(max(len(f.signatures) for f in vars(kernels).values() if isinstance(f, CPU
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[-1] == "1", out.stdout + out.stderr[-2000:]
+
+
+def test_a_paid_function_compiles_in_another_process_while_its_first_tier_serves(monkeypatch):
+    """Once paid, the final tier compiles in a background process; the first tier serves.
+
+    The calls before the move return the first tier's values, those after the
+    final tier's (equal up to rounding); the other process records the graph as
+    compiled on this machine, with its price, and the function then loads it.
+    """
+    import pytensor.tensor as pt
+    from pytensor import config
+
+    from pymc_subsample.model import tiered
+
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", True)
+    # the other process records in the machine's own file
+    record = Path(config.base_compiledir) / "pymc_subsample_compiled_graphs.txt"
+    monkeypatch.setattr(tiered, "_seen_path", lambda: record)
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    scale = float(np.random.default_rng().uniform(1.0, 2.0))  # a graph new to the machine
+    graph = (pt.sin(x * scale) ** 3 + pt.exp(x)).sum()
+
+    def compile_in(mode):
+        return model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode)
+
+    value = np.arange(5.0)
+    expected = float(np.sum(np.sin(value * scale) ** 3 + np.exp(value)))
+    fn = TieredFunction(compile_in, budget=0.0)
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+    assert fn.compiling and not fn.promoted  # paid: handed over, not compiled here
+    process = fn._background.process
+    assert process is not None and process.wait(timeout=300) == 0
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+    assert fn.promoted and not fn.compiling
+    assert tiered.recorded_on_disk(fn.digest)
+    again = TieredFunction(compile_in)
+    np.testing.assert_allclose(again(value), expected, rtol=1e-12)
+    assert again.promoted  # compiled on this machine: starts final
+
+
+def test_a_graph_that_does_not_pickle_compiles_here(monkeypatch):
+    """A job that cannot be handed to another process is compiled in this one, at once."""
+    from pymc_subsample.model import background, tiered
+
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", True)
+
+    def refuse(*args, **kwargs):
+        raise TypeError("cannot pickle")
+
+    monkeypatch.setattr(background.BackgroundCompile, "__init__", refuse)
+    import pytensor.tensor as pt
+
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    graph = (pt.cos(x * float(np.random.default_rng().uniform(1.0, 2.0)))).sum()
+    fn = TieredFunction(
+        lambda mode: model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode), budget=0.0
+    )
+    fn(np.arange(3.0))
+    assert fn.promoted and not fn.compiling

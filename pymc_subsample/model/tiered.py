@@ -8,12 +8,15 @@ even the hot ones need not be fast at the first draw. A :class:`TieredFunction`
 therefore evaluates its graph first with PyTensor's Python VM
 (:data:`START_MODE`: no compilation, NumPy per operation, tens of microseconds
 an operation), and compiles it with the default mode (Numba) once the calls
-have cost a budget in all (:data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE`
-per operation of the graph, the larger: a compilation costs more the larger the
-graph), or at once after a call of :data:`SLOW_CALL_SECONDS` and half the budget (timing calls
-included). It is the rule of ski rental: rent until the rent paid equals the
-price of buying, which spends at most about twice the better of the two
-choices made in hindsight. A function called a few times is never compiled,
+have cost a budget in all (:data:`PROMOTE_SECONDS`, or the machine's
+:func:`seconds_per_node` per operation of the graph, the larger: a compilation
+costs more the larger the graph), or at once after a call of
+:data:`SLOW_CALL_SECONDS` and half the budget (timing calls included). A function
+that has paid its budget compiles in another process while its first tier keeps
+serving (:data:`BACKGROUND_COMPILE`, :mod:`~pymc_subsample.model.background`).
+It is the rule of ski rental: rent until the rent paid equals the price of
+buying, which spends at most about twice the better of the two choices made in
+hindsight. A function called a few times is never compiled,
 a hot one once its calls have cost about what compiling it would; how many
 calls that takes depends on what a call costs, not on a count. A graph whose
 first tier would loop in Python over each element (an operation with no NumPy
@@ -34,6 +37,10 @@ seconds a function spent on the first tier without moving are recorded at exit,
 and a later process starts it with those seconds spent, so a function called a
 few times per run (a check at construction, a Newton step's sums) is compiled
 once the runs of the model together have paid for it, not at its second run.
+The price is the machine's own: each compilation's seconds are recorded with the
+size of its graph, and a new graph's budget is priced at the seconds per operation
+those compilations took (:func:`seconds_per_node`; :data:`SECONDS_PER_NODE` before
+any), so that a slow machine, or one whose graphs compile slowly, rents longer.
 
 Steps that planned their races on the timings of the first tier read
 :func:`promotions` to plan them again once a function has moved (their
@@ -68,19 +75,31 @@ __all__ = [
     "graph_digest",
     "no_c_compilation",
     "promotions",
+    "record_compiled",
+    "seconds_per_node",
     "uncounted",
 ]
 
 #: Seconds of calls after which a function is compiled with the default mode (Numba), at least.
 PROMOTE_SECONDS = 0.5
-#: Seconds of calls per operation of the first tier's graph after which it is compiled, if more.
+#: Seconds of calls per operation of the first tier's graph after which it is compiled, if
+#: more, on a machine that has recorded no compilation yet (:func:`seconds_per_node`).
 SECONDS_PER_NODE = 0.05
+#: Graphs of fewer operations are not used to price others: their compilation is mostly
+#: Numba's fixed cost (its start-up, the first of a process), not their operations'.
+PRICE_MIN_NODES = 20
 #: A first-tier call that takes this long, and half the function's budget, moves the
 #: function at once (timing calls included): a call that slow, where a second one would
 #: reach the budget, says the first tier does not suit the graph (a Python loop over rows).
 #: A heavy graph's budget is larger (:data:`SECONDS_PER_NODE`): a first call of a second
 #: or two on a Hessian in 104 coordinates does not move it (its compilation took 38 s).
 SLOW_CALL_SECONDS = 1.0
+
+#: A function that has paid its budget is compiled in another process
+#: (:class:`~pymc_subsample.model.background.BackgroundCompile`) while its first tier
+#: keeps serving the calls, and moves once the machine code is in the cache; False:
+#: compiled in this process at once, before the call returns.
+BACKGROUND_COMPILE = True
 
 #: Input elements from which a first-tier call of a graph that loops in Python over each
 #: element (an elementwise operation with no NumPy function, run by ``np.frompyfunc``:
@@ -107,6 +126,11 @@ _SEEN: set | None = None
 _SPENT: dict[str, float] = {}
 #: Prefix of a line that records such seconds: ``spent:<digest>:<seconds>``.
 _SPENT_PREFIX = "spent:"
+#: Seconds and operations of the compilations recorded on this machine (graphs of
+#: :data:`PRICE_MIN_NODES` operations or more), summed.
+_PRICES = [0.0, 0]
+#: Prefix of a line that records a compilation: ``price:<operations>:<seconds>``.
+_PRICE_PREFIX = "price:"
 #: The functions of this process still on the first tier (their seconds recorded at exit).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -130,6 +154,12 @@ def _seen() -> set:
                     _SPENT[digest] = _SPENT.get(digest, 0.0) + float(seconds)
                 except ValueError:  # a line cut short by a process stopped mid-write
                     pass
+            elif line.startswith(_PRICE_PREFIX):
+                nodes, _, seconds = line[len(_PRICE_PREFIX) :].partition(":")
+                try:
+                    _add_price(int(nodes), float(seconds))
+                except ValueError:
+                    pass
             else:
                 _SEEN.add(line)
         atexit.register(_record_spent)
@@ -145,6 +175,43 @@ def _record_spent() -> None:
             lines.append(f"{_SPENT_PREFIX}{fn.digest}:{new:.4f}\n")
     if lines:
         _append("".join(lines))
+
+
+def _add_price(nodes: int, seconds: float) -> None:
+    if nodes >= PRICE_MIN_NODES and seconds >= 0.0:
+        _PRICES[0] += seconds
+        _PRICES[1] += nodes
+
+
+def seconds_per_node() -> float:
+    r"""Return the price of compiling one operation on this machine, in seconds.
+
+    :math:`\sum_g s_g / \sum_g n_g` over the compilations recorded here (graph
+    :math:`g` of :math:`n_g \ge` :data:`PRICE_MIN_NODES` operations compiled
+    in :math:`s_g` seconds at its first call), or :data:`SECONDS_PER_NODE`
+    before any. A function's budget is its graph's price at this rate: the
+    rule of ski rental needs the price of buying.
+    """
+    _seen()
+    seconds, nodes = _PRICES
+    return seconds / nodes if nodes else SECONDS_PER_NODE
+
+
+def record_compiled(digest: str, n_nodes: int | None, seconds: float) -> None:
+    """Record graph ``digest`` as compiled on this machine, in ``seconds`` for ``n_nodes``."""
+    if digest not in _seen():
+        _record(digest)
+    if n_nodes is not None:  # the price of its graph, for the budgets of others
+        _add_price(n_nodes, seconds)
+        _append(f"{_PRICE_PREFIX}{n_nodes}:{seconds:.4f}\n")
+
+
+def recorded_on_disk(digest: str) -> bool:
+    """Return True if the record on disk (another process's writes included) holds ``digest``."""
+    try:
+        return digest in _seen_path().read_text().split()
+    except OSError:
+        return False
 
 
 def _record(digest: str) -> None:
@@ -247,7 +314,7 @@ class TieredFunction:
         ``mode`` (None: the default mode).
     budget : float, optional
         Seconds of calls in the first tier after which the function moves
-        (default: :data:`PROMOTE_SECONDS`, or :data:`SECONDS_PER_NODE` per
+        (default: :data:`PROMOTE_SECONDS`, or :func:`seconds_per_node` per
         operation of its first tier's graph, the larger).
 
     Notes
@@ -268,25 +335,28 @@ class TieredFunction:
         self._budget = budget
         self.budget = budget
         self.digest: str | None = None
+        self.n_nodes: int | None = None  # operations of the first tier's graph
         self.carried = 0.0  # seconds earlier processes spent on this graph's first tier
         self.loops_in_python = False  # its first tier loops in Python per element
+        self._background = None  # the compilation of its final tier in another process
         self._call = self._first_call
 
     def __call__(self, *args):
         """Evaluate the function (in its current tier)."""
         return self._call(*args)
 
-    def _begin(self) -> None:
+    def _begin(self, args: tuple | None = None) -> None:
         """Build the first tier (the graph's rewrites), or the final one if cached or used.
 
-        Deferred to the first call: a function never called costs nothing.
+        Deferred to the first call (on ``args``): a function never called costs
+        nothing. One that earlier processes paid for is compiled in the background.
         """
         with no_c_compilation():  # inner functions' C thunks too: a gcc run each, new machine
             self.start = self._compile(START_MODE)
         budget = self._budget
+        self.n_nodes = len(self.start.maker.fgraph.apply_nodes)
         if budget is None:
-            n_nodes = len(self.start.maker.fgraph.apply_nodes)
-            budget = max(PROMOTE_SECONDS, SECONDS_PER_NODE * n_nodes)
+            budget = max(PROMOTE_SECONDS, seconds_per_node() * self.n_nodes)
         self.budget = float(budget)
         self._slow_call = max(SLOW_CALL_SECONDS, 0.5 * self.budget)
         self.loops_in_python = loops_in_python(self.start.maker.fgraph)
@@ -295,18 +365,56 @@ class TieredFunction:
         seen = _seen()
         # the budget runs across processes: what earlier runs of the model spent counts
         self.carried = self.spent = _SPENT.get(self.digest, 0.0)
-        # compiled on this machine before (its machine code cached), or paid for already
-        if self.digest in seen or (self.carried > 0 and self.spent >= self.budget):
+        if self.digest in seen:  # compiled on this machine before: its machine code cached
             self._finalize()
-        else:
-            _LIVE.add(self)
+            return
+        _LIVE.add(self)
+        if self.carried > 0 and self.spent >= self.budget:  # paid for by earlier runs
+            self._move(args)
 
     def _first_call(self, *args):
-        self._begin()
+        self._begin(args)
         return self._call(*args)
 
+    def _move(self, args: tuple | None) -> None:
+        """Compile the final tier: in another process when possible (:data:`BACKGROUND_COMPILE`).
+
+        The first tier serves the calls until that process has put the machine
+        code in the cache (:meth:`_start_call` polls it); without ``args``, or
+        when the job cannot be handed over (a graph that does not pickle), the
+        function moves now (:meth:`promote`).
+        """
+        if self._background is not None:
+            return
+        if BACKGROUND_COMPILE and args is not None and self.digest is not None:
+            from .background import BackgroundCompile
+
+            try:
+                self._background = BackgroundCompile(self._compile, args, self.digest, self.n_nodes)
+                return
+            except Exception:  # noqa: BLE001 - any failure to hand it over: compile here
+                self._background = None
+        self.promote()
+
+    def _poll_background(self) -> None:
+        """Move once the background compilation has cached the machine code (else compile here)."""
+        done = self._background.poll()
+        if done is None:
+            return
+        self._background = None
+        if done:
+            _seen().add(self.digest)  # recorded by that process: loads from the cache
+        self.promote()
+
+    @property
+    def compiling(self) -> bool:
+        """True while another process compiles the final tier (the first tier serves)."""
+        return self._background is not None
+
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_call"}
+        state = {k: v for k, v in self.__dict__.items() if k != "_call"}
+        state["_background"] = None  # a copy moves by its own rule
+        return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -319,6 +427,10 @@ class TieredFunction:
                 _LIVE.add(self)
 
     def _start_call(self, *args):
+        if self._background is not None:
+            self._poll_background()
+            if self.final is not None:
+                return self._call(*args)
         if self.loops_in_python and _elements(args) >= PYTHON_LOOP_ELEMENTS:
             self.promote()  # a Python loop over a population of rows: compiled before the call
             return self._call(*args)
@@ -329,14 +441,19 @@ class TieredFunction:
             self.spent += seconds
             self.calls += 1
         # a slow call moves it even when uncounted: timing a slow tier times nothing useful
-        if self.spent >= self.budget or seconds >= self._slow_call:
+        if seconds >= self._slow_call:
             self.promote()
+        elif self.spent >= self.budget:
+            self._move(args)
         return out
 
     def promote(self):
         """Compile the final tier now (its machine code at its first call); return it."""
         if self.final is None and self.start is None:
             self._begin()  # recorded as compiled before: final at once, not a promotion
+        if self._background is not None:  # wanted now: compiled here
+            self._background.stop()
+            self._background = None
         if self.final is None:
             self._finalize()
             _PROMOTED[0] += 1
@@ -368,10 +485,12 @@ class TieredFunction:
         A graph is recorded as compiled on this machine only once its machine code
         is in the cache: a function moved at its last call is not.
         """
+        t0 = time.perf_counter()
         out = self.final(*args)
+        seconds = time.perf_counter() - t0
         self._call = self.final
         if self.digest not in _seen():
-            _record(self.digest)
+            record_compiled(self.digest, self.n_nodes, seconds)
         return out
 
     @property
