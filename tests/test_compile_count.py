@@ -173,6 +173,16 @@ def test_gibbs_draws_are_right_through_the_move_to_numba(monkeypatch):
     assert (np.abs(freq - p) < tol).all(), (freq.round(3), p.round(3))
 
 
+def _new_process(monkeypatch):
+    """A fresh registry of what this machine has seen, spent and paid (as in a new process)."""
+    from pymc_subsample.model import tiered
+
+    monkeypatch.setattr(tiered, "_SEEN", None)
+    monkeypatch.setattr(tiered, "_SPENT", {})
+    monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
+    monkeypatch.setattr(tiered, "_LIVE", tiered.weakref.WeakSet())
+
+
 def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path):
     """The budget runs across processes: seconds spent without moving are recorded at exit
     and counted by the next process, which compiles a function once the runs have paid."""
@@ -187,11 +197,8 @@ def test_first_tier_seconds_carry_over_to_the_next_process(monkeypatch, tmp_path
     def compile_in(mode):
         return model.compile_fn((x**3).sum(), inputs=[x], point_fn=False, mode=mode)
 
-    def new_process():  # a fresh registry of what this machine has seen and spent
-        monkeypatch.setattr(tiered, "_SEEN", None)
-        monkeypatch.setattr(tiered, "_SPENT", {})
-        monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
-        monkeypatch.setattr(tiered, "_LIVE", tiered.weakref.WeakSet())
+    def new_process():
+        _new_process(monkeypatch)
 
     monkeypatch.setattr(tiered, "_seen_path", lambda: tmp_path / "graphs.txt")
     monkeypatch.setattr(tiered.atexit, "register", lambda f: None)
@@ -233,9 +240,7 @@ def test_budgets_are_priced_at_this_machines_compilations(monkeypatch, tmp_path)
         return model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode)
 
     def new_process():
-        monkeypatch.setattr(tiered, "_SEEN", None)
-        monkeypatch.setattr(tiered, "_SPENT", {})
-        monkeypatch.setattr(tiered, "_PRICES", [0.0, 0])
+        _new_process(monkeypatch)
 
     path = tmp_path / "graphs.txt"
     monkeypatch.setattr(tiered, "_seen_path", lambda: path)

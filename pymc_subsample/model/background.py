@@ -119,11 +119,6 @@ class BackgroundCompile:
             return None
         return code == 0
 
-    def stop(self) -> None:
-        """Stop waiting (a compilation already started goes on, for the next process)."""
-        self.process = None
-        self.lock = _folder() / ".none"  # poll() no longer waits for it
-
 
 def _main(path: str, lock: str) -> int:
     """Compile the job in ``path``, call it once, record it as compiled; return the exit code.

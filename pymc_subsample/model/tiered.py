@@ -451,9 +451,8 @@ class TieredFunction:
         """Compile the final tier now (its machine code at its first call); return it."""
         if self.final is None and self.start is None:
             self._begin()  # recorded as compiled before: final at once, not a promotion
-        if self._background is not None:  # wanted now: compiled here
-            self._background.stop()
-            self._background = None
+        # wanted now: compiled here (a background compilation goes on, for the next process)
+        self._background = None
         if self.final is None:
             self._finalize()
             _PROMOTED[0] += 1
