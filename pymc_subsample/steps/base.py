@@ -20,7 +20,7 @@ from ..model.row_support import RowSupport
 from ..model.terms import ObservationTerms
 from ..model.tiered import promotions, uncounted
 from ..options import AuditOptions, RaceOptions, options_or_default
-from ..racing import ExactSwitch, RaceConfig
+from ..racing import ExactSwitch, RaceConfig, warmup
 from ..racing.common import validate_race_args
 from ..racing.schedule import position_stream
 from ..validation import ArgumentTypeError, check_bool, check_instance
@@ -198,6 +198,9 @@ class RacingStep(BlockedStep):
         #: True when the support moves with the block in a way no cheap check sees: every
         #: decision is then exact (:attr:`decides_exactly`)
         self._support_exact = False
+        #: True while the racing kernels compile in another process (:mod:`~pymc_subsample.
+        #: racing.warmup`): every decision is then exact, and the races planned after
+        self._kernels_pending = False
         if self.row_support.mode == "unknown":
             self._decide_exactly_for_support(self.row_support.reason)
         self._auto_shuffle = race.shuffle_every == "auto"
@@ -302,9 +305,17 @@ class RacingStep(BlockedStep):
         return bool(getattr(getattr(self.terms, "_rows_fn", None), "promoted", False))
 
     def _replan_races(self, point) -> None:
-        """Time the model at ``point`` if a setting is "auto"; set the plan for :math:`N`."""
+        """Time the model at ``point`` if a setting is "auto"; set the plan for :math:`N`.
+
+        While another process compiles the racing kernels
+        (:func:`~pymc_subsample.racing.warmup.ready` is False), nothing is timed
+        and every decision is exact; :meth:`step` plans again once they are ready.
+        """
         cost = exact = None
-        if any(self._auto_plan) and self.terms.n_obs >= 200:
+        # a race calls the racing kernels (and is timed on them): decide exactly while
+        # another process compiles them
+        self._kernels_pending = not warmup.ready()
+        if any(self._auto_plan) and self.terms.n_obs >= 200 and not self._kernels_pending:
             cost, exact = self._measure(point, self._n_cands)
         self._exact_seconds = exact
         self._choose_plan(cost)
@@ -387,14 +398,18 @@ class RacingStep(BlockedStep):
         """True when every decision is made exactly.
 
         ``bound="exact"``, an immediate switch, audits that found the races
-        wrong (:attr:`audit_exact`), or a support that moves with the block in a
-        way no cheap check sees (:class:`~pymc_subsample.model.row_support.RowSupport`).
+        wrong (:attr:`audit_exact`), a support that moves with the block in a
+        way no cheap check sees (:class:`~pymc_subsample.model.row_support.RowSupport`),
+        or, for the first draws on a machine that has not compiled the racing
+        kernels yet, while another process compiles them
+        (:mod:`~pymc_subsample.racing.warmup`).
         """
         return (
             self.bound == "exact"
             or self.exact_switch.decides_at_once
             or self.audit_exact
             or self._support_exact
+            or self._kernels_pending
         )
 
     def _measure(self, point, n_cands: int) -> tuple[tuple[float, float], float]:
@@ -512,9 +527,9 @@ class RacingStep(BlockedStep):
         """
         if not self.terms.data_unchanged():
             self._take_up_data(point, warn=True)
-        if self._seen_promotions != promotions():
+        if self._seen_promotions != promotions() or (self._kernels_pending and warmup.ready()):
             self._seen_promotions = promotions()
-            self._functions_promoted(point)
+            self._functions_promoted(point)  # the costs changed: plan the races again
         start = time.perf_counter()
         audit = self._begin_draw()
         if (
@@ -540,11 +555,15 @@ class RacingStep(BlockedStep):
         step, say); the chain's law is the same either way.
         """
         self.terms.promote()
+        warmup.wait()
         self._seen_promotions = promotions()
         self._functions_promoted(self.initial_point)
 
     def _functions_promoted(self, point) -> None:
-        """Plan the races again: compiled functions moved to their final tier since the plan.
+        """Plan the races again: functions moved to their final tier, or the kernels came.
+
+        Also called once the racing kernels that another process compiled are
+        ready (:mod:`~pymc_subsample.racing.warmup`): the races start then.
 
         The "auto" settings were chosen by timing the functions
         (:meth:`_plan_races`); a function that moved from PyTensor's Python VM
@@ -562,7 +581,7 @@ class RacingStep(BlockedStep):
         """
         if self._rows_promoted():
             self.terms.promote(loop=False, compiled_only=True)
-        if any(self._auto_plan):
+        if any(self._auto_plan) or self._kernels_pending:
             self._replan_races(point)
 
     def _draw(self, point, audit: bool):
