@@ -188,3 +188,17 @@ def test_metropolis_matches_the_exact_posterior_through_the_switch_to_races(pend
 def test_in_process_without_background():
     assert warmup.IN_BACKGROUND is False  # the suite compiles in process (conftest)
     assert warmup.ready()
+
+
+def test_a_lock_counts_while_its_warm_up_lives(tmp_path):
+    lock = tmp_path / "warmup.lock"
+    assert not warmup._other_runs(lock)  # no lock: nothing runs
+    lock.write_text("")
+    assert warmup._other_runs(lock)  # just taken, its id not written yet
+    lock.write_text(str(os.getpid()))
+    assert warmup._other_runs(lock)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    lock.write_text(dead.stdout.decode().strip())
+    assert not warmup._other_runs(lock)  # a warm-up that was stopped is not awaited

@@ -30,7 +30,15 @@ from .config import BATCH_LAYOUTS, RaceConfig
 from .mh import mh_test
 from .race import race
 
-__all__ = ["IN_BACKGROUND", "exercise", "kernels", "ready", "wait"]
+__all__ = [
+    "IN_BACKGROUND",
+    "POLL_SECONDS",
+    "STALE_LOCK_SECONDS",
+    "exercise",
+    "kernels",
+    "ready",
+    "wait",
+]
 
 #: Compile the kernels in another process while steps decide exactly (False: a step's
 #: first race compiles them in its own process, as the test suite does).
@@ -85,20 +93,17 @@ def _lock_path() -> Path | None:
     return None if folder is None else Path(folder) / "pymc_subsample_warmup.lock"
 
 
-def _take_lock(lock: Path) -> bool:
-    """Return True if this process now holds ``lock`` (no other process warms up)."""
+def _take_lock(lock: Path) -> int | None:
+    """Return an open descriptor of ``lock`` if this process now holds it, else None."""
     try:
         if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
             lock.unlink(missing_ok=True)
     except OSError:
         pass
     try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    except OSError:  # a read-only cache folder: compile in process
-        return False
-    return True
+        return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except OSError:  # held by another process, or a read-only cache folder
+        return None
 
 
 def _start() -> None:
@@ -108,8 +113,9 @@ def _start() -> None:
         _STATE["ready"] = True
         return
     _STATE["lock"] = lock
-    if not _take_lock(lock):
-        if not lock.exists():  # not writable: nothing will come
+    fd = _take_lock(lock)
+    if fd is None:
+        if not _other_runs(lock):  # not writable, or a warm-up that was stopped
             _STATE["ready"] = True
         return
     try:
@@ -120,9 +126,39 @@ def _start() -> None:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # it outlives this process: the next run loads its code
         )
+        # its id, for the processes that watch the lock (through the descriptor: a
+        # warm-up that ended already has removed the file, which stays removed)
+        os.write(fd, str(_STATE["process"].pid).encode())
     except OSError:
         lock.unlink(missing_ok=True)
         _STATE["ready"] = True
+    finally:
+        os.close(fd)
+
+
+def _other_runs(lock: Path) -> bool:
+    """Return True while another process's warm-up holds ``lock`` and is alive.
+
+    The lock holds the warm-up's process id (written just after it starts: a
+    lock without one counts for a few seconds). Only on POSIX systems, where
+    a signal 0 tests a process; elsewhere nothing is awaited.
+    """
+    try:
+        text = lock.read_text().strip()
+        age = time.time() - lock.stat().st_mtime
+    except OSError:  # gone: the warm-up ended
+        return False
+    if os.name != "posix":
+        return False
+    if not text:
+        return age < 10.0
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return age < STALE_LOCK_SECONDS
+    return True
 
 
 def ready() -> bool:
@@ -134,7 +170,7 @@ def ready() -> bool:
     process on this machine) has ended, whether it succeeded or not: a
     kernel still missing then compiles in process, as it would without a
     warm-up. Cheap after the first call: a look at the process, or at the
-    other process's lock every :data:`POLL_SECONDS`.
+    other process's lock every :data:`POLL_SECONDS` (:func:`_other_runs`).
     """
     if _STATE["ready"] or not IN_BACKGROUND:
         return True
@@ -153,7 +189,7 @@ def ready() -> bool:
         if now - _STATE["polled"] < POLL_SECONDS:
             return False
         _STATE["polled"] = now
-        if _STATE["lock"].exists():
+        if _other_runs(_STATE["lock"]):
             return False
     _STATE["ready"] = True
     return True

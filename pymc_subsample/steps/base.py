@@ -313,8 +313,8 @@ class RacingStep(BlockedStep):
         """
         cost = exact = None
         # a race calls the racing kernels (and is timed on them): decide exactly while
-        # another process compiles them
-        self._kernels_pending = not warmup.ready()
+        # another process compiles them (not out of core, where an exact decision is a pass)
+        self._kernels_pending = not self.terms.out_of_core and not warmup.ready()
         if any(self._auto_plan) and self.terms.n_obs >= 200 and not self._kernels_pending:
             cost, exact = self._measure(point, self._n_cands)
         self._exact_seconds = exact
@@ -562,9 +562,6 @@ class RacingStep(BlockedStep):
     def _functions_promoted(self, point) -> None:
         """Plan the races again: functions moved to their final tier, or the kernels came.
 
-        Also called once the racing kernels that another process compiled are
-        ready (:mod:`~pymc_subsample.racing.warmup`): the races start then.
-
         The "auto" settings were chosen by timing the functions
         (:meth:`_plan_races`); a function that moved from PyTensor's Python VM
         to Numba (:class:`~pymc_subsample.model.tiered.TieredFunction`) costs
@@ -577,7 +574,9 @@ class RacingStep(BlockedStep):
         the exact pass too. The others move once they have paid: compiling them
         here put a compilation of seconds before the first draw of a model's
         second run; exact decisions count towards the race driver's budget, so
-        a plan timed on the slow tier still reaches the compiled race.
+        a plan timed on the slow tier still reaches the compiled race. Also called
+        once the racing kernels that another process compiled are ready
+        (:mod:`~pymc_subsample.racing.warmup`): the races start then.
         """
         if self._rows_promoted():
             self.terms.promote(loop=False, compiled_only=True)
