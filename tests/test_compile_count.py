@@ -533,3 +533,97 @@ def test_a_graph_that_does_not_pickle_compiles_here(monkeypatch):
     )
     fn(np.arange(3.0))
     assert fn.promoted and not fn.compiling
+
+
+def test_a_graph_compiled_before_skips_the_first_tier(monkeypatch, count_compiles):
+    """A function whose graph this machine compiled before builds its final tier only.
+
+    The graph before rewrites is recorded with the compiled one, so that the next
+    process does not rewrite it for the first tier first (seconds on a model's
+    larger graphs, in every run) only to find it compiled.
+    """
+    import pytensor.tensor as pt
+
+    from pymc_subsample.model import tiered
+    from pymc_subsample.model.function_cache import compile_cached
+
+    monkeypatch.setattr(tiered.atexit, "register", lambda f: None)
+    x = pt.dvector("x")
+    scale = float(np.random.default_rng().uniform(1.0, 2.0))  # a graph new to the machine
+    with pm.Model() as model:
+        pass
+    graph = (pt.sin(x * scale) ** 2).sum()
+    value = np.arange(4.0)
+    fn = compile_cached(model, graph, [x])
+    fn(value)
+    assert not fn.promoted and fn.spent > 0  # the first tier's rewrites count as its rent
+    fn.promote()
+    expected = fn(value)  # compiled: recorded, with the graph before rewrites
+    assert fn.source is not None
+    _new_process(monkeypatch)
+    clear_function_cache()
+    count_compiles.clear()
+    again = compile_cached(model, graph, [x])
+    np.testing.assert_allclose(again(value), expected, rtol=1e-12)
+    assert again.promoted and again.start is None
+    assert count_compiles == [NumbaLinker]  # one compilation: the final tier's
+    other = compile_cached(model, (pt.sin(x * scale) ** 3).sum(), [x])
+    other(value)
+    assert not other.promoted  # another graph: the first tier
+
+
+def test_a_function_is_handed_to_another_process_at_a_share_of_its_budget(monkeypatch):
+    """Compiling in another process does not hold the calls up: it starts at a share of the
+    budget (the whole budget when it must compile here), at most MAX_RUNNING at once."""
+    import pytensor.tensor as pt
+
+    from pymc_subsample.model import background, tiered
+
+    started = []
+
+    class Fake:
+        running_now = 0
+
+        def __init__(self, compile, args, digest, n_nodes):
+            started.append(digest)
+
+        @classmethod
+        def running(cls):
+            return cls.running_now
+
+        def poll(self):
+            return None
+
+    monkeypatch.setattr(background, "BackgroundCompile", Fake)
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    graph = (pt.cos(x * float(np.random.default_rng().uniform(1.0, 2.0)))).sum()
+
+    def new_function():
+        return TieredFunction(
+            lambda mode: model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode),
+            budget=100.0,
+        )
+
+    value = np.arange(3.0)
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", False)
+    fn = new_function()
+    fn(value)
+    fn.spent = 0.5 * fn.budget
+    fn(value)
+    assert not fn.compiling and not fn.promoted  # in process: the whole budget first
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", True)
+    share = max(tiered.PROMOTE_SECONDS, tiered.BACKGROUND_SHARE * 100.0)
+    fn = new_function()
+    fn(value)
+    fn.spent = 0.9 * share
+    fn(value)
+    assert not fn.compiling
+    fn.spent = share
+    Fake.running_now = background.MAX_RUNNING  # others' turn first
+    fn(value)
+    assert not fn.compiling and not started
+    Fake.running_now = 0
+    fn(value)
+    assert fn.compiling and not fn.promoted and started == [fn.digest]

@@ -24,10 +24,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BackgroundCompile"]
+__all__ = ["MAX_RUNNING", "BackgroundCompile"]
 
 #: A lock older than this (seconds) is taken over: its process was stopped.
 STALE_LOCK_SECONDS = 1800.0
+
+#: At most this many compilations started by one process run at once (each is a Python
+#: process with PyMC loaded and the call's arguments): the others wait their turn.
+MAX_RUNNING = 2
+
+_STARTED: list = []
 
 
 def _folder() -> Path:
@@ -105,6 +111,13 @@ class BackgroundCompile:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        _STARTED.append(self)
+
+    @classmethod
+    def running(cls) -> int:
+        """Return how many compilations this process has started that still run."""
+        _STARTED[:] = [job for job in _STARTED if job.process.poll() is None]
+        return len(_STARTED)
 
     def poll(self) -> bool | None:
         """Return None while it runs, then True when the machine code is cached, else False."""
@@ -134,10 +147,10 @@ def _main(path: str, lock: str) -> int:
             compile, args, digest, n_nodes = cloudpickle.load(f)
         from . import tiered
 
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # the compilation's work: this process runs at a low priority
         final = compile(None)
         final(*args)  # Numba compiles here and writes the machine code to the cache
-        tiered.record_compiled(digest, n_nodes, time.perf_counter() - t0)
+        tiered.record_compiled(digest, n_nodes, time.process_time() - t0)
         return 0
     finally:
         Path(path).unlink(missing_ok=True)

@@ -128,6 +128,38 @@ class _Compiler:
     def __getstate__(self):
         return {**self.__dict__, "_model": None}
 
+    def source_digest(self) -> str | None:
+        """Return a digest of the graph before rewrites, for the record of compiled graphs.
+
+        Its operations in order, the inputs' types by position, the constants'
+        values (hashed), the shared variables' names and types, the keywords,
+        the model's bounds checks and PyTensor's version (:func:`graph_key`);
+        None for a graph that has no such key.
+        """
+        import pytensor
+
+        found = graph_key(self.outputs, self.inputs)
+        if found is None:
+            return None
+        (parts, heads, shape, types), _ = found
+
+        def coord(c):
+            return (c[0], getattr(c[1], "name", None), str(c[2])) if c[0] == "shared" else c
+
+        text = repr(
+            (
+                [(str(op), [str(coord(a)) for a in args]) for op, args in parts],
+                [str(coord(h)) for h in heads],
+                shape,
+                [str(t) for t in types],
+                sorted((k, repr(v)) for k, v in self.kwargs.items()),
+                self.check_bounds,
+                self.trust,
+                pytensor.__version__,
+            )
+        )
+        return "src-" + hashlib.sha256(text.encode()).hexdigest()
+
     def __call__(self, mode=None):
         kw = self.kwargs if mode is None else {**self.kwargs, "mode": mode}
         owner = None if self._model is None else self._model()

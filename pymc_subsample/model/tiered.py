@@ -12,8 +12,10 @@ have cost a budget in all (:data:`PROMOTE_SECONDS`, or the machine's
 :func:`seconds_per_node` per operation of the graph, the larger: a compilation
 costs more the larger the graph), or at once after a call of
 :data:`SLOW_CALL_SECONDS` and half the budget (timing calls included). A function
-that has paid its budget compiles in another process while its first tier keeps
-serving (:data:`BACKGROUND_COMPILE`, :mod:`~pymc_subsample.model.background`).
+that has paid a share of its budget (:data:`BACKGROUND_SHARE`) compiles in another
+process while its first tier keeps serving (:data:`BACKGROUND_COMPILE`,
+:mod:`~pymc_subsample.model.background`): there the compilation does not hold the
+calls up. The first tier's rewrites, paid again in each process, count as rent.
 It is the rule of ski rental: rent until the rent paid equals the price of
 buying, which spends at most about twice the better of the two choices made in
 hindsight. A function called a few times is never compiled,
@@ -32,7 +34,9 @@ A machine that has compiled a graph before keeps its machine code in
 PyTensor's Numba cache, where loading it costs a fraction of a second: each
 function that moves is recorded (:func:`graph_digest`, in a file of
 PyTensor's ``base_compiledir``), and a function recorded there starts in its
-final tier, as before tiers existed. The budget runs across processes: the
+final tier, as before tiers existed; the graph before rewrites is recorded too
+(:func:`~pymc_subsample.model.function_cache.compile_cached`'s digest of it), so that
+such a function is not first rewritten for the first tier. The budget runs across processes: the
 seconds a function spent on the first tier without moving are recorded at exit,
 and a later process starts it with those seconds spent, so a function called a
 few times per run (a check at construction, a Newton step's sums) is compiled
@@ -66,6 +70,7 @@ from pytensor.link.vm import VMLinker
 from .numpy_elemwise import REWRITE_TAG
 
 __all__ = [
+    "BACKGROUND_SHARE",
     "PROMOTE_SECONDS",
     "PYTHON_LOOP_ELEMENTS",
     "SECONDS_PER_NODE",
@@ -100,6 +105,12 @@ SLOW_CALL_SECONDS = 1.0
 #: keeps serving the calls, and moves once the machine code is in the cache; False:
 #: compiled in this process at once, before the call returns.
 BACKGROUND_COMPILE = True
+
+#: Share of its budget after which a function is handed to another process
+#: (:data:`BACKGROUND_COMPILE`), at least :data:`PROMOTE_SECONDS`: a compilation there
+#: does not hold the calls up, so it is bought early; the full budget applies where it
+#: would hold them up (a job that cannot be handed over compiles in process).
+BACKGROUND_SHARE = 0.1
 
 #: Input elements from which a first-tier call of a graph that loops in Python over each
 #: element (an elementwise operation with no NumPy function, run by ``np.frompyfunc``:
@@ -335,10 +346,12 @@ class TieredFunction:
         self._budget = budget
         self.budget = budget
         self.digest: str | None = None
+        self.source: str | None = None  # digest of the graph before rewrites (recorded too)
         self.n_nodes: int | None = None  # operations of the first tier's graph
         self.carried = 0.0  # seconds earlier processes spent on this graph's first tier
         self.loops_in_python = False  # its first tier loops in Python per element
         self._background = None  # the compilation of its final tier in another process
+        self._handed_over: bool | None = None  # False: its job could not be handed over
         self._call = self._first_call
 
     def __call__(self, *args):
@@ -351,8 +364,15 @@ class TieredFunction:
         Deferred to the first call (on ``args``): a function never called costs
         nothing. One that earlier processes paid for is compiled in the background.
         """
+        source = getattr(self._compile, "source_digest", None)
+        self.source = source() if source is not None else None
+        if self.source is not None and self.source in _seen():  # its final tier compiled here
+            self._finalize()
+            return
+        t0 = time.process_time()
         with no_c_compilation():  # inner functions' C thunks too: a gcc run each, new machine
             self.start = self._compile(START_MODE)
+        build = time.process_time() - t0  # the first tier's rewrites: rent, paid each process
         budget = self._budget
         self.n_nodes = len(self.start.maker.fgraph.apply_nodes)
         if budget is None:
@@ -364,12 +384,14 @@ class TieredFunction:
         self.digest = graph_digest(self.start)
         seen = _seen()
         # the budget runs across processes: what earlier runs of the model spent counts
-        self.carried = self.spent = _SPENT.get(self.digest, 0.0)
+        self.carried = _SPENT.get(self.digest, 0.0)
+        self.spent = self.carried + (build if _COUNTING[0] else 0.0)
         if self.digest in seen:  # compiled on this machine before: its machine code cached
             self._finalize()
+            self._record_source()
             return
         _LIVE.add(self)
-        if self.carried > 0 and self.spent >= self.budget:  # paid for by earlier runs
+        if self.carried > 0 and self._paid():  # paid for by earlier runs
             self._move(args)
 
     def _first_call(self, *args):
@@ -380,21 +402,39 @@ class TieredFunction:
         """Compile the final tier: in another process when possible (:data:`BACKGROUND_COMPILE`).
 
         The first tier serves the calls until that process has put the machine
-        code in the cache (:meth:`_start_call` polls it); without ``args``, or
-        when the job cannot be handed over (a graph that does not pickle), the
-        function moves now (:meth:`promote`).
+        code in the cache (:meth:`_start_call` polls it). Without ``args``, or
+        when the job cannot be handed over (a graph that does not pickle, a
+        compilation there that failed), the function moves here once its calls
+        have paid the whole budget (:meth:`promote`).
         """
         if self._background is not None:
             return
-        if BACKGROUND_COMPILE and args is not None and self.digest is not None:
-            from .background import BackgroundCompile
+        if self._can_hand_over() and args is not None:
+            from .background import MAX_RUNNING, BackgroundCompile
 
+            if self.spent < self.budget and BackgroundCompile.running() >= MAX_RUNNING:
+                return  # its turn comes at a later call
             try:
                 self._background = BackgroundCompile(self._compile, args, self.digest, self.n_nodes)
                 return
             except Exception:  # noqa: BLE001 - any failure to hand it over: compile here
-                self._background = None
-        self.promote()
+                self._handed_over = False
+        if self.spent >= self.budget:
+            self.promote()
+
+    def _can_hand_over(self) -> bool:
+        return BACKGROUND_COMPILE and self.digest is not None and self._handed_over is not False
+
+    def _paid(self) -> bool:
+        """Return True once the calls have paid for a move: the budget, or a share of it.
+
+        A share (:data:`BACKGROUND_SHARE`, at least :data:`PROMOTE_SECONDS`) where
+        the compilation can run in another process, which does not hold the calls up.
+        """
+        if self.spent >= self.budget:
+            return True
+        share = max(PROMOTE_SECONDS, BACKGROUND_SHARE * self.budget)
+        return self._can_hand_over() and self.spent >= share
 
     def _poll_background(self) -> None:
         """Move once the background compilation has cached the machine code (else compile here)."""
@@ -404,7 +444,12 @@ class TieredFunction:
         self._background = None
         if done:
             _seen().add(self.digest)  # recorded by that process: loads from the cache
-        self.promote()
+            self._record_source()
+            self.promote()
+            return
+        self._handed_over = False  # it failed: compiled here once the whole budget is paid
+        if self.spent >= self.budget:
+            self.promote()
 
     @property
     def compiling(self) -> bool:
@@ -443,7 +488,7 @@ class TieredFunction:
         # a slow call moves it even when uncounted: timing a slow tier times nothing useful
         if seconds >= self._slow_call:
             self.promote()
-        elif self.spent >= self.budget:
+        elif self._paid():
             self._move(args)
         return out
 
@@ -484,13 +529,19 @@ class TieredFunction:
         A graph is recorded as compiled on this machine only once its machine code
         is in the cache: a function moved at its last call is not.
         """
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = self.final(*args)
-        seconds = time.perf_counter() - t0
+        seconds = time.process_time() - t0
         self._call = self.final
         if self.digest not in _seen():
             record_compiled(self.digest, self.n_nodes, seconds)
+        self._record_source()
         return out
+
+    def _record_source(self) -> None:
+        """Record the graph before rewrites as compiled: the next process skips the first tier."""
+        if self.source is not None and self.source not in _seen():
+            _record(self.source)
 
     @property
     def promoted(self) -> bool:
