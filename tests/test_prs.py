@@ -339,6 +339,41 @@ def test_draw_with_repair_restores_exactness_and_counts():
     assert stats.kstest(res.x[:20_000, 0], mixture_cdf).pvalue > P_MIN
 
 
+def funnel_logpdf(x):
+    """Neal's funnel in 2-D: s ~ N(0, 1.5), mu | s ~ N(0, e^s); a ridge at mu = 0."""
+    return stats.norm.logpdf(x[:, 1], 0, 1.5) + stats.norm.logpdf(x[:, 0], 0, np.exp(x[:, 1]))
+
+
+def test_known_points_stretch_the_box_and_are_covered():
+    """A ridge the initial draws miss: points known on it stretch the box and are covered.
+
+    Along the funnel's ridge mu = 0 the density stays within BOX_LEVEL of its largest
+    value down to s = -8.5, where the ridge is 2e-4 wide: draws of g, and draws of a
+    first envelope, seldom land on it, so the envelope fitted to them lies far below
+    f on much of it, and the weighted quantiles may leave part of it out of the box.
+    Points known on it (an optimizer's path, say) must be inside the box and under
+    the envelope, and the envelope is no larger for them: the design points on the
+    ridge they cover no longer force the estimate's scales up.
+    """
+    from pymc_subsample.prs import build_envelope
+    from pymc_subsample.prs.rejection import BOX_LEVEL
+
+    g = ProductProposal([stats.t(df=2, loc=0, scale=3), stats.t(df=2, loc=0, scale=3)])
+    s = np.linspace(-8.5, 2.0, 400)
+    z = np.column_stack([np.zeros_like(s), s])
+    log_fz = funnel_logpdf(z)
+    assert np.all(log_fz >= log_fz.max() - BOX_LEVEL)
+    plain = build_envelope(funnel_logpdf, np.random.default_rng(3), 2000, proposal=g)
+    assert plain.lo[1] > -8.5  # the quantiles of the draws leave part of the ridge out
+    assert np.mean(log_fz > plain.log_value(z) + 1.0) > 0.2
+    env = build_envelope(
+        funnel_logpdf, np.random.default_rng(3), 2000, proposal=g, known=(z, log_fz)
+    )
+    assert env.lo[1] <= -8.5 and env.hi[1] >= 2.0
+    assert np.all(env.log_value(z) >= log_fz)
+    assert env.log_mass < plain.log_mass + np.log(1.5)
+
+
 def test_build_envelope_and_grid_sizes_reject_bad_input():
     from pymc_subsample.prs import build_envelope, default_n_cells
 

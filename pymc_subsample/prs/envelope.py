@@ -420,6 +420,34 @@ def _log_linear_fit(cells, y, n_cells, width, bandwidth):
     return sol, hat, reach.ravel()
 
 
+def _covered_by(x, log_f, known, lo, hi, n_cells) -> np.ndarray:
+    r"""Whether the cover at the ``known`` points already bounds :math:`f` at each point ``x``.
+
+    :meth:`PliableEnvelope.cover` raises a known point's cell and its neighbours to
+    :data:`VIOLATION_MARGIN` :math:`f(Z_j)`; a point :math:`X_i` in one of those cells
+    with :data:`COVER_MARGIN` :math:`f(X_i)` below that value is covered whatever the
+    estimate.
+    """
+    if known is None:
+        return np.zeros(len(x), dtype=bool)
+    z, log_fz = known
+    d = len(lo)
+    cell_z = cell_index(z, lo, hi, n_cells)
+    keep = (cell_z >= 0) & np.isfinite(log_fz)
+    if not keep.any():
+        return np.zeros(len(x), dtype=bool)
+    table = np.full(n_cells**d, -np.inf)
+    np.maximum.at(table, cell_z[keep], log_fz[keep] + np.log(VIOLATION_MARGIN))
+    table = ndimage.maximum_filter(
+        table.reshape((n_cells,) * d), size=3, mode="constant", cval=-np.inf
+    ).ravel()
+    cell_x = cell_index(x, lo, hi, n_cells)
+    out = np.zeros(len(x), dtype=bool)
+    inside = cell_x >= 0
+    out[inside] = log_f[inside] + np.log(COVER_MARGIN) <= table[cell_x[inside]]
+    return out
+
+
 def _scales(f_held, table_held, mass_table, volume, r_floor) -> tuple[float, float, float]:
     r"""Smallest envelope :math:`\kappa \hat F + r` covering held-out points.
 
@@ -462,6 +490,8 @@ def fit_envelope(
     tail: ProductProposal | MixtureProposal | None = None,
     n_bandwidths: int = 12,
     estimator: str = "auto",
+    known: tuple[np.ndarray, np.ndarray] | None = None,
+    core: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> PliableEnvelope:
     r"""Fit a :class:`PliableEnvelope` to evaluated design points.
 
@@ -500,11 +530,21 @@ def fit_envelope(
         :func:`kernel_table`); ``"auto"`` (default) keeps the smaller envelope mass
         of the two (the kernel estimate only beyond
         :data:`LOG_LINEAR_MAX_FLOATS`, or with ``envelope_scale``).
+    known : (numpy.ndarray, numpy.ndarray), optional
+        Points :math:`Z_j` of shape ``(J, d)`` and :math:`\log f(Z_j)` that are not
+        design points (no density :math:`q` drew them: an optimizer's path, say).
+        They take no part in the estimate or in the choice of :math:`(h, \kappa, r)`;
+        the envelope is raised at those in the box as at the design points.
+    core : (numpy.ndarray, numpy.ndarray), optional
+        A box ``(lo, hi)`` inside the box: only design points in it take part in the
+        choice of :math:`(h, \kappa, r)` (default: the whole box). Design points
+        outside it are covered by the final raise only.
 
     Returns
     -------
     PliableEnvelope
-        Raised, finally, so that :math:`E(X_i) \ge f(X_i)` at every design point.
+        Raised, finally, so that :math:`E(X_i) \ge f(X_i)` at every design point
+        and :math:`E(Z_j) \ge f(Z_j)` at every known point in the box.
     """
     t, d = x.shape
     shift = float(np.max(log_f))
@@ -517,6 +557,11 @@ def fit_envelope(
     cell_volume = float(np.prod(width))
     cells = cell_index(x, lo, hi, n_cells)  # binned once for every bandwidth
     inside = cells >= 0
+    # points the envelope already covers at a known point's cells need no cover by the
+    # estimate: the held-out check is left to the points nothing else covers
+    held_out = inside & ~_covered_by(x, log_f, known, lo, hi, n_cells)
+    if core is not None:
+        held_out &= np.all((x >= core[0]) & (x <= core[1]), axis=1)
     hist = _histogram(cells, w, width, n_cells)
     f_bar = float(w[inside].sum()) / volume
     rho = paper_rate(t, d, smoothness, delta)
@@ -556,8 +601,8 @@ def fit_envelope(
                 h = np.maximum(h0 * 2.0**-j, min_cells * width)
                 full, held = fit(h)
                 kappa, r, mass = _scales(
-                    f[inside],
-                    held[inside],
+                    f[held_out],
+                    held[held_out],
                     float(full.sum()) * cell_volume,
                     volume,
                     FLOOR_SCALE * f_bar * rho,
@@ -592,4 +637,8 @@ def fit_envelope(
         estimator=chosen,
     )
     env.cover(x, log_f)
+    if known is not None:
+        z, log_fz = known
+        keep = np.isfinite(log_fz) & (env.cell_of(z) >= 0)
+        env.cover(z[keep], log_fz[keep])
     return env

@@ -102,6 +102,11 @@ def _check_box(bounds) -> tuple[np.ndarray, np.ndarray]:
     return box[:, 0].copy(), box[:, 1].copy()
 
 
+#: The box of App. B is stretched to span every evaluated point within this many nats of
+#: the largest :math:`\log f` seen (:func:`_stretch_box`).
+BOX_LEVEL = float(np.log(1e4))
+
+
 def _mass_box(x, log_f, log_q) -> tuple[np.ndarray, np.ndarray]:
     """App. B: the box of the weighted 1e-4 and 1 - 1e-4 quantiles, widened by half.
 
@@ -119,6 +124,23 @@ def _mass_box(x, log_f, log_q) -> tuple[np.ndarray, np.ndarray]:
     return lo - 0.5 * spread, hi + 0.5 * spread
 
 
+def _stretch_box(lo, hi, x, log_f, known=None) -> tuple[np.ndarray, np.ndarray]:
+    r"""Return the smallest box that holds ``[lo, hi]`` and the points near the top of :math:`f`.
+
+    Those are the points, ``x`` and the ``known`` ones, with
+    :math:`\log f \ge \max \log f -` :data:`BOX_LEVEL`. Weighted quantiles of a few hundred draws
+    of :math:`g` miss a region that holds little of :math:`g`'s mass, such as a narrow
+    ridge of :math:`f` (the neck of a funnel, where :math:`f` stays near its largest
+    value), and outside the box the envelope :math:`M g` has one constant :math:`M`
+    for all of it.
+    """
+    z, log_fz = x, log_f
+    if known is not None:
+        z, log_fz = np.concatenate([x, known[0]]), np.concatenate([log_f, known[1]])
+    high = log_fz >= np.max(log_fz) - BOX_LEVEL
+    return np.minimum(lo, z[high].min(axis=0)), np.maximum(hi, z[high].max(axis=0))
+
+
 def build_envelope(
     logpdf: Callable[[np.ndarray], np.ndarray],
     rng: np.random.Generator,
@@ -132,6 +154,7 @@ def build_envelope(
     n_cells: int | None = None,
     design: str = "two-stage",
     estimator: str = "auto",
+    known: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> PliableEnvelope:
     r"""Run the initial phase of PRS and return the fitted envelope.
 
@@ -139,7 +162,12 @@ def build_envelope(
     box :math:`\prod_k [low_k, high_k]`, :math:`q_i = 1/V`. With ``proposal``
     :math:`g` (App. B, EPRS) they are draws of :math:`g`, :math:`q_i = g`; the
     envelope's box is spanned by their :math:`f/g`-weighted :math:`10^{-4}` and
-    :math:`1 - 10^{-4}` quantiles widened by half, and :math:`E = M g` outside it.
+    :math:`1 - 10^{-4}` quantiles widened by half (the core), stretched to hold
+    every point evaluated, initial or ``known``, within :data:`BOX_LEVEL` of the
+    largest :math:`\log f`, and :math:`E = M g` outside it. Only design points in
+    the core choose the estimate's scales; beyond it the envelope covers the
+    evaluated points (a narrow ridge there, thinner than a cell, would otherwise
+    force the scales up everywhere).
     The envelope :math:`E` is then :func:`~pymc_subsample.prs.fit_envelope`'s
     fit to :math:`(X_i, \log f(X_i), \log q_i(X_i))`.
 
@@ -167,6 +195,11 @@ def build_envelope(
         :func:`~pymc_subsample.prs.default_n_cells`).
     design : {"two-stage", "uniform"}
         How the ``n_init`` points are chosen (see above).
+    known : (numpy.ndarray, numpy.ndarray), optional
+        Points of shape ``(J, d)`` and their :math:`\log f`, evaluated by the caller
+        before (a mode search): with ``proposal``, the box spans those within
+        :data:`BOX_LEVEL` of the highest value, and every envelope covers those in its
+        box (``fit_envelope``'s ``known``).
 
     Returns
     -------
@@ -199,8 +232,14 @@ def build_envelope(
             f"the target is zero (logpdf = -inf) at all {first} initial points: check the "
             "bounds or proposal cover its support, or raise n_init"
         )
+    if known is not None:  # only finite values: -inf needs no cover, NaN or +inf cannot have one
+        z, log_fz = np.asarray(known[0], dtype=float).reshape(-1, dim), np.asarray(known[1], float)
+        keep = np.isfinite(log_fz)
+        known = (z[keep], log_fz[keep]) if keep.any() else None
+    core = None
     if bounds is None:
-        lo, hi = _mass_box(x, log_f, log_q)
+        core = _mass_box(x, log_f, log_q)
+        lo, hi = _stretch_box(*core, x, log_f, known)
     record = Design(dim)
     record.append(x, log_f, log_q)
     settings = {
@@ -210,6 +249,8 @@ def build_envelope(
         "envelope_scale": envelope_scale,
         "tail": proposal,
         "estimator": estimator,
+        "known": known,
+        "core": core,
     }
     env = fit_envelope(x, log_f, log_q, lo, hi, **settings)
     if n_init > first:  # second stage: modes of the first envelope, then proposals from it

@@ -35,7 +35,12 @@ the initial proposal :math:`g` and runs the initial phase of EPRS from it. A
 start that its optimization left far behind (Nelder–Mead running down the neck
 of a funnel, where the mode is at infinity) keeps a component of its own, at
 the start with the curvature there: without it the envelope can have no mass
-near the chain.
+near the chain. Every point the mode search evaluates is passed on with its
+value (``known`` of :func:`~pymc_subsample.prs.build_envelope`): the envelope's
+box spans those near the largest value found and the envelope covers them. On
+a funnel the search runs down the neck, a ridge in the narrow coordinate far
+thinner than a grid cell that draws of :math:`g` almost never hit; its path is
+what puts the neck under the envelope.
 
 Run-time checks. An independence proposal with almost no density near the
 current point :math:`x` never leaves it (:math:`\alpha \approx E(x)/\pi(x)`).
@@ -153,7 +158,9 @@ class PliableRejection(BlockedStep):
     tuning ends, then fixed (``rebuild="always"``: every step, from the fixed
     initial value only). A build finds the conditional's modes (Nelder–Mead from
     the initial value, the current value and earlier modes), and runs App. B's
-    initial phase from a mixture of Student-t products, one per mode. If no
+    initial phase from a mixture of Student-t products, one per mode; the
+    points the search evaluated join it as known values, which the envelope's
+    box spans and the envelope covers (a funnel's neck). If no
     proposal passes within ``max_proposals``, the step stays put (a probability
     that does not depend on :math:`x`, so invariance holds). A current point
     above the envelope, and a chain stuck for ``STUCK_WINDOW`` steps, are
@@ -281,30 +288,42 @@ class PliableRejection(BlockedStep):
 
     # -- envelope -----------------------------------------------------------------
 
-    def _laplace(self, x0: np.ndarray, point: dict) -> tuple[np.ndarray, np.ndarray, int]:
-        """Mode and Laplace scale of the conditional (Nelder–Mead, then :meth:`_local_scale`)."""
+    def _laplace(
+        self, x0: np.ndarray, point: dict, seen: list | None = None
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Mode and Laplace scale of the conditional (Nelder–Mead, then :meth:`_local_scale`).
+
+        Every point evaluated, with its log density, is appended to ``seen``.
+        """
+        seen = [] if seen is None else seen
 
         def neg(z):
-            return -float(self.conditional(z[None, :], point)[0])
+            value = float(self.conditional(z[None, :], point)[0])
+            seen.append((np.array(z, dtype=float), value))
+            return -value
 
         res = optimize.minimize(
             neg, x0, method="Nelder-Mead", options={"xatol": 1e-4, "fatol": 1e-6}
         )
         mode = res.x if np.isfinite(res.fun) else x0
-        scale, used = self._local_scale(mode, point)
+        scale, used = self._local_scale(mode, point, seen)
         return mode, scale, int(res.nfev) + used
 
-    def _local_scale(self, z: np.ndarray, point: dict) -> tuple[np.ndarray, int]:
+    def _local_scale(
+        self, z: np.ndarray, point: dict, seen: list | None = None
+    ) -> tuple[np.ndarray, int]:
         r"""Scale :math:`(-\partial_k^2 \log\pi(z))^{-1/2}` per coordinate (central differences).
 
         1 where the curvature is not positive (or not finite). Returns the scale and the
-        evaluations used.
+        evaluations used; the points evaluated are appended to ``seen``.
         """
         d = self.dim
         eye = np.eye(d)
         eps = 1e-3 * np.maximum(1.0, np.abs(z))
         pts = np.concatenate([z[None, :], z + eye * eps, z - eye * eps])
         lp = self.conditional(pts, point)
+        if seen is not None:
+            seen.extend(zip(pts, lp, strict=True))
         with np.errstate(divide="ignore", invalid="ignore"):
             curv = -(lp[1 : d + 1] + lp[d + 1 :] - 2 * lp[0]) / eps**2
             scale = np.where(np.isfinite(curv) & (curv > 0), 1.0 / np.sqrt(np.abs(curv)), 1.0)
@@ -328,15 +347,15 @@ class PliableRejection(BlockedStep):
             starts = [self._start]
         else:
             starts = [x, self._start, *(m for m, _ in self._modes)]
-        modes, local, n = [], [], 0
+        modes, local, n, seen = [], [], 0, []
         for start in starts:
-            mode, scale, used = self._laplace(start, point)
+            mode, scale, used = self._laplace(start, point, seen)
             n += used
             if all(np.any(np.abs(mode - m) > 3 * sc) for m, sc in modes):
                 modes.append((mode, scale))
             far = np.any(np.abs(start - mode) > _FAR_FROM_MODE * scale)
             if far and not any(np.array_equal(start, z) for z, _ in local):
-                start_scale, used = self._local_scale(start, point)
+                start_scale, used = self._local_scale(start, point, seen)
                 n += used
                 local.append((start, start_scale))
         if self.rebuild != "always":
@@ -355,6 +374,7 @@ class PliableRejection(BlockedStep):
             proposal=g,
             smoothness=self.smoothness,
             delta=self.envelope_error,
+            known=(np.array([z for z, _ in seen]), np.array([v for _, v in seen])),
         )
         used = env.n_evaluations
         if self.refine:  # sharpen the envelope on this conditional before using it
