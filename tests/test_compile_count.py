@@ -627,3 +627,27 @@ def test_a_function_is_handed_to_another_process_at_a_share_of_its_budget(monkey
     Fake.running_now = 0
     fn(value)
     assert fn.compiling and not fn.promoted and started == [fn.digest]
+
+
+def test_the_digest_before_rewrites_is_the_same_in_every_process():
+    """A graph with object constants (a shape of None) digests alike in two processes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pymc as pm, pytensor.tensor as pt\n"
+        "from pymc_subsample.model.function_cache import _Compiler\n"
+        "x = pt.dvector('x')\n"
+        "with pm.Model() as model:\n"
+        "    pass\n"
+        "graph = (pt.specify_shape(x, (None,)) ** 2).sum()\n"
+        "print(_Compiler(model, graph, [x], False, {}).source_digest())\n"
+    )
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+        for _ in range(2)
+    }
+    (digest,) = digests
+    assert digest.startswith("src-")

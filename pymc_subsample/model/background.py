@@ -29,9 +29,10 @@ __all__ = ["MAX_RUNNING", "BackgroundCompile"]
 #: A lock older than this (seconds) is taken over: its process was stopped.
 STALE_LOCK_SECONDS = 1800.0
 
-#: At most this many compilations started by one process run at once (each is a Python
-#: process with PyMC loaded and the call's arguments): the others wait their turn.
-MAX_RUNNING = 2
+#: At most this many compilations started by one process run at once, one core left to
+#: the sampling process (each is a Python process with PyMC loaded and the call's
+#: arguments): the others wait their turn.
+MAX_RUNNING = max(1, (os.cpu_count() or 2) - 1)
 
 _STARTED: list = []
 
