@@ -5,9 +5,15 @@ one (:data:`~pymc_subsample.model.tiered.BACKGROUND_COMPILE`), and so do the rac
 kernels (:data:`~pymc_subsample.racing.warmup.IN_BACKGROUND`): a test's steps move
 and race when their rules say, whatever the machine's load and caches, and no
 process outlives the suite. Tests of the background compilations set them back.
+The environment variable does the same in the worker processes of ``pm.sample``
+(``cores > 1``), which import the package anew.
 """
 
+import os
+
 import pytest
+
+os.environ["PYMC_SUBSAMPLE_BACKGROUND"] = "0"
 
 
 @pytest.fixture(autouse=True)

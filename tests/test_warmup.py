@@ -102,7 +102,7 @@ def test_a_new_machine_warms_up_the_kernels_a_step_races_with(tmp_path):
     it has ended, a new process's steps plan races at once (nothing pending)
     and race without compiling any racing kernel.
     """
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), PYMC_SUBSAMPLE_BACKGROUND="1")
     first = _run(_WARM_UP, env)
     assert first["first"] is False  # nothing cached: the warm-up started
     assert first["held"]

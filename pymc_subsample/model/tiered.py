@@ -56,6 +56,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -103,8 +104,10 @@ SLOW_CALL_SECONDS = 1.0
 #: A function that has paid its budget is compiled in another process
 #: (:class:`~pymc_subsample.model.background.BackgroundCompile`) while its first tier
 #: keeps serving the calls, and moves once the machine code is in the cache; False:
-#: compiled in this process at once, before the call returns.
-BACKGROUND_COMPILE = True
+#: compiled in this process at once, before the call returns. The environment variable
+#: ``PYMC_SUBSAMPLE_BACKGROUND=0`` sets it False at import (in pm.sample's worker
+#: processes too), as the test suite does.
+BACKGROUND_COMPILE = os.environ.get("PYMC_SUBSAMPLE_BACKGROUND", "1") != "0"
 
 #: Share of its budget after which a function is handed to another process
 #: (:data:`BACKGROUND_COMPILE`), at least :data:`PROMOTE_SECONDS`: a compilation there

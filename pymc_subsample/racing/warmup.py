@@ -41,8 +41,9 @@ __all__ = [
 ]
 
 #: Compile the kernels in another process while steps decide exactly (False: a step's
-#: first race compiles them in its own process, as the test suite does).
-IN_BACKGROUND = True
+#: first race compiles them in its own process, as the test suite does;
+#: ``PYMC_SUBSAMPLE_BACKGROUND=0`` in the environment sets it False at import).
+IN_BACKGROUND = os.environ.get("PYMC_SUBSAMPLE_BACKGROUND", "1") != "0"
 
 #: Seconds between two looks at another process's warm-up (its lock file).
 POLL_SECONDS = 0.25
