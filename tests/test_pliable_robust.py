@@ -30,6 +30,15 @@ def location_scale_model(y):
     return model
 
 
+def _log_sigma_marginal(y, s: np.ndarray) -> np.ndarray:
+    """Log marginal density of s = log sigma on the grid ``s``, up to a constant."""
+    n, t2 = len(y), MU_SD**2
+    v2 = np.exp(2 * s)
+    log_det = (n - 1) * np.log(v2) + np.log(v2 + t2 * n)
+    quad = (np.sum(y**2) - t2 * np.sum(y) ** 2 / (v2 + t2 * n)) / v2
+    return -0.5 * log_det - 0.5 * quad + s - 0.5 * v2 / SIGMA_SD**2
+
+
 def location_scale_moments(y) -> dict:
     r"""Posterior mean, sd and kurtosis of mu and of log sigma, by quadrature.
 
@@ -41,9 +50,7 @@ def location_scale_moments(y) -> dict:
     n, t2 = len(y), MU_SD**2
     s = np.linspace(-60.0, 6.0, 200_001)
     v2 = np.exp(2 * s)
-    log_det = (n - 1) * np.log(v2) + np.log(v2 + t2 * n)
-    quad = (np.sum(y**2) - t2 * np.sum(y) ** 2 / (v2 + t2 * n)) / v2
-    log_p = -0.5 * log_det - 0.5 * quad + s - 0.5 * v2 / SIGMA_SD**2
+    log_p = _log_sigma_marginal(y, s)
     w = np.exp(log_p - log_p.max())
     w /= np.trapezoid(w, s)
 
@@ -68,10 +75,7 @@ def location_scale_draws(y, n: int, rng: np.random.Generator) -> np.ndarray:
     """Exact posterior draws of (mu, log sigma): log sigma by inverse CDF on a grid, then mu."""
     n_obs, t2 = len(y), MU_SD**2
     s = np.linspace(-60.0, 6.0, 400_001)
-    v2 = np.exp(2 * s)
-    log_det = (n_obs - 1) * np.log(v2) + np.log(v2 + t2 * n_obs)
-    quad = (np.sum(y**2) - t2 * np.sum(y) ** 2 / (v2 + t2 * n_obs)) / v2
-    log_p = -0.5 * log_det - 0.5 * quad + s - 0.5 * v2 / SIGMA_SD**2
+    log_p = _log_sigma_marginal(y, s)
     cdf = np.cumsum(np.exp(log_p - log_p.max()))
     log_sigma = np.interp(rng.random(n), cdf / cdf[-1], s)
     var = 1 / (1 / t2 + n_obs / np.exp(2 * log_sigma))

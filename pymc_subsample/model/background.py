@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .._locks import take_lock
+
 __all__ = ["MAX_RUNNING", "BackgroundCompile"]
 
 #: A lock older than this (seconds) is taken over: its process was stopped.
@@ -47,16 +49,10 @@ def _folder() -> Path:
 
 def _take_lock(digest: str) -> bool:
     """Return True if this process now holds the lock of ``digest`` (no other compiles it)."""
-    lock = _folder() / f"{digest}.lock"
-    try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
-            lock.unlink(missing_ok=True)
-    except OSError:
-        pass
-    try:
-        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
+    fd = take_lock(_folder() / f"{digest}.lock", STALE_LOCK_SECONDS)
+    if fd is None:
         return False
+    os.close(fd)
     return True
 
 

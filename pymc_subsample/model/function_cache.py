@@ -120,14 +120,15 @@ class _Compiler:
     bounds checks then compiles the graph.
     """
 
-    def __init__(self, model, outputs, inputs, trust: bool, kwargs: dict):
+    def __init__(self, model, outputs, inputs, trust: bool, kwargs: dict, key=None):
         self._model = weakref.ref(model)
+        self.key = key  # graph_key(outputs, inputs), when the caller has it
         self.check_bounds = bool(getattr(model, "check_bounds", True))
         self.outputs, self.inputs = outputs, list(inputs)
         self.trust, self.kwargs = trust, kwargs
 
     def __getstate__(self):
-        return {**self.__dict__, "_model": None}
+        return {**self.__dict__, "_model": None, "key": None}
 
     def source_digest(self) -> str | None:
         """Return a digest of the graph before rewrites, for the record of compiled graphs.
@@ -139,7 +140,7 @@ class _Compiler:
         """
         import pytensor
 
-        found = graph_key(self.outputs, self.inputs)
+        found = self.key if self.key is not None else graph_key(self.outputs, self.inputs)
         if found is None:
             return None
         (parts, heads, shape, types), _ = found
@@ -192,14 +193,14 @@ def compile_cached(model, outputs, inputs: Sequence, trust: bool = False, **kwar
     that reads a shared variable of a step's own (not the model's) is
     compiled anew, and not kept.
     """
-    compile_in = _Compiler(model, outputs, inputs, trust, kwargs)
+    found = graph_key(outputs, inputs)
+    compile_in = _Compiler(model, outputs, inputs, trust, kwargs, key=found)
 
     def compile_new():
         if "mode" in kwargs:
             return compile_in(None)
         return TieredFunction(compile_in)
 
-    found = graph_key(outputs, inputs)
     kw = _kwargs_key(kwargs)
     if found is None or kw is None:
         return compile_new()

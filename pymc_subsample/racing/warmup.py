@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._locks import take_lock
 from .common import BOUNDS, VARIANCES
 from .config import BATCH_LAYOUTS, RaceConfig
 from .mh import mh_test
@@ -94,19 +95,6 @@ def _lock_path() -> Path | None:
     return None if folder is None else Path(folder) / "pymc_subsample_warmup.lock"
 
 
-def _take_lock(lock: Path) -> int | None:
-    """Return an open descriptor of ``lock`` if this process now holds it, else None."""
-    try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_SECONDS:
-            lock.unlink(missing_ok=True)
-    except OSError:
-        pass
-    try:
-        return os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except OSError:  # held by another process, or a read-only cache folder
-        return None
-
-
 def _start() -> None:
     """Start the warm-up process, unless another one runs (then watch its lock)."""
     lock = _lock_path()
@@ -114,7 +102,7 @@ def _start() -> None:
         _STATE["ready"] = True
         return
     _STATE["lock"] = lock
-    fd = _take_lock(lock)
+    fd = take_lock(lock, STALE_LOCK_SECONDS)
     if fd is None:
         if not _other_runs(lock):  # not writable, or a warm-up that was stopped
             _STATE["ready"] = True
