@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .._locks import take_lock
+from .._priority import run_behind
 
 __all__ = ["MAX_RUNNING", "BackgroundCompile"]
 
@@ -138,8 +139,7 @@ def _main(path: str, lock: str) -> int:
     try:
         import cloudpickle
 
-        if hasattr(os, "nice"):
-            os.nice(10)  # the sampling process comes first
+        run_behind()  # the sampling process comes first
         with open(path, "rb") as f:
             compile, args, digest, n_nodes = cloudpickle.load(f)
         from . import tiered

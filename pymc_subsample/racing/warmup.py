@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._locks import take_lock
+from .._priority import run_behind
 from .common import BOUNDS, VARIANCES
 from .config import BATCH_LAYOUTS, RaceConfig
 from .mh import mh_test
@@ -239,8 +240,7 @@ def exercise(seed: int = 0) -> None:
 def _main(lock: str) -> int:
     """Run :func:`exercise` at a low priority, then remove ``lock``; return the exit code."""
     try:
-        if hasattr(os, "nice"):
-            os.nice(10)  # the sampling process comes first
+        run_behind()  # the sampling process comes first
         exercise()
         return 0
     finally:
