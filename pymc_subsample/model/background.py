@@ -9,6 +9,9 @@ and calls it once, so that its machine code lands in PyTensor's Numba cache
 evaluating its first tier meanwhile, and moves once the process has finished:
 its own compilation then loads the machine code from the cache. Both tiers
 evaluate the same graph, so the chain's law is unchanged by when it moves.
+The process runs behind the sampling process: a lower niceness, and on Linux a
+lower priority for its session too (it leads a session of its own, to outlive the
+run, and the scheduler shares the processor between sessions first).
 
 Run as ``python -m pymc_subsample.model.background <job file>`` by
 :class:`BackgroundCompile`.

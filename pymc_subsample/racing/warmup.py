@@ -10,7 +10,8 @@ per machine, by a lock next to the cache), and says yes once that process has
 ended. A step decides exactly meanwhile (a race with :math:`\delta = 0`: every
 term summed), then plans its races and races: each decision is exact or right
 up to :math:`\delta`, so the chain's law stays within the race's guarantee
-whenever the switch comes.
+whenever the switch comes. The process runs behind the sampling process, as a
+background compilation does (:mod:`~pymc_subsample.model.background`).
 
 Run as ``python -m pymc_subsample.racing.warmup <lock file>``.
 """
