@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["AUTOGROUP", "NICE", "run_behind"]
+__all__ = ["AUTOGROUP", "NICE", "leave_a_core", "run_behind"]
 
 #: Niceness of a helper process: the sampling process comes first.
 NICE = 10
@@ -17,15 +18,32 @@ NICE = 10
 AUTOGROUP = Path("/proc/self/autogroup")
 
 
-def run_behind() -> None:
+def run_behind(session: bool = True) -> None:
     """Lower this process's priority below the sampling process's, where the system allows.
 
-    Its niceness (:data:`NICE`) and, on Linux with autogroups, its session's
-    (:data:`AUTOGROUP`, to 19): this process leads a session of its own.
+    Its niceness (:data:`NICE`) and, with ``session``, on Linux with autogroups,
+    its session's (:data:`AUTOGROUP`, to 19): this process leads a session of its
+    own. Without ``session`` it keeps a session's share: a helper the sampling
+    process waits for must not starve while that process keeps every core busy.
     """
     if hasattr(os, "nice"):
         os.nice(NICE)
+    if not session:
+        return
     try:
         AUTOGROUP.write_text("19")
     except OSError:  # not Linux, autogroups off, or not allowed: niceness alone
         pass
+
+
+def leave_a_core() -> Callable[[], None]:
+    """Limit this process's BLAS threads to the cores but one, while a helper runs there.
+
+    A BLAS call whose threads wait for each other stalls while one of them waits
+    for the core a helper holds (a matrix product of milliseconds took a second).
+    Returns the function that restores the limits found.
+    """
+    from threadpoolctl import threadpool_limits
+
+    limiter = threadpool_limits(limits=max(1, (os.cpu_count() or 1) - 1), user_api="blas")
+    return limiter.restore_original_limits

@@ -50,11 +50,56 @@ def test_both_helpers_run_behind(tmp_path, monkeypatch):
     calls = []
     for module in (background, warmup):
         name = module.__name__
-        monkeypatch.setattr(module, "run_behind", lambda name=name: calls.append(name))
+        monkeypatch.setattr(
+            module, "run_behind", lambda session=True, name=name: calls.append((name, session))
+        )
     monkeypatch.setattr(warmup, "exercise", lambda: None)
     lock = tmp_path / "lock"
     lock.touch()
     assert warmup._main(str(lock)) == 0
     with pytest.raises(FileNotFoundError):
         background._main(str(tmp_path / "no job"), str(lock))
-    assert calls == [warmup.__name__, background.__name__]
+    # the warm-up, which the steps wait for, keeps its session's share
+    assert calls == [(warmup.__name__, False), (background.__name__, True)]
+
+
+def _blas_threads() -> list[int]:
+    from threadpoolctl import threadpool_info
+
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+class _Running:
+    """A warm-up process that runs until ``done``."""
+
+    done = False
+
+    def poll(self):
+        return 0 if self.done else None
+
+
+def test_a_pending_warm_up_leaves_it_a_core(monkeypatch, tmp_path):
+    from pymc_subsample.racing import warmup
+
+    before = _blas_threads()
+    assert before, "numpy links a BLAS that threadpoolctl sees"
+    process = _Running()
+    state = {"ready": False, "process": None, "lock": None, "polled": 0.0, "restore": None}
+
+    def start():
+        state["lock"], state["process"] = tmp_path / "lock", process
+
+    monkeypatch.setattr(warmup, "IN_BACKGROUND", True)
+    monkeypatch.setattr(warmup, "_STATE", state)
+    monkeypatch.setattr(warmup, "_held", lambda dispatcher: False)
+    monkeypatch.setattr(warmup, "_start", start)
+    try:
+        assert not warmup.ready()
+        cores = max(1, (os.cpu_count() or 1) - 1)
+        assert all(n <= cores for n in _blas_threads())
+        process.done = True
+        assert warmup.ready()
+        assert _blas_threads() == before
+    finally:
+        if state["restore"] is not None:
+            state["restore"]()

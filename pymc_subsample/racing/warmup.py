@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .._locks import take_lock
-from .._priority import run_behind
+from .._priority import leave_a_core, run_behind
 from .common import BOUNDS, VARIANCES
 from .config import BATCH_LAYOUTS, RaceConfig
 from .mh import mh_test
@@ -54,7 +54,7 @@ POLL_SECONDS = 0.25
 #: A lock older than this (seconds) is taken over: its process was stopped.
 STALE_LOCK_SECONDS = 900.0
 
-_STATE: dict = {"ready": False, "process": None, "lock": None, "polled": 0.0}
+_STATE: dict = {"ready": False, "process": None, "lock": None, "polled": 0.0, "restore": None}
 
 
 def kernels() -> list:
@@ -162,6 +162,8 @@ def ready() -> bool:
     kernel still missing then compiles in process, as it would without a
     warm-up. Cheap after the first call: a look at the process, or at the
     other process's lock every :data:`POLL_SECONDS` (:func:`_other_runs`).
+    Until then this process's BLAS threads leave the warm-up a core
+    (``pymc_subsample._priority.leave_a_core``).
     """
     if _STATE["ready"] or not IN_BACKGROUND:
         return True
@@ -170,6 +172,8 @@ def ready() -> bool:
             _STATE["ready"] = True
             return True
         _start()
+        if not _STATE["ready"]:  # a warm-up runs: this process's BLAS leaves it a core
+            _STATE["restore"] = leave_a_core()
         return _STATE["ready"]
     process = _STATE["process"]
     if process is not None:
@@ -183,6 +187,9 @@ def ready() -> bool:
         if _other_runs(_STATE["lock"]):
             return False
     _STATE["ready"] = True
+    restore, _STATE["restore"] = _STATE["restore"], None
+    if restore is not None:
+        restore()
     return True
 
 
@@ -241,7 +248,7 @@ def exercise(seed: int = 0) -> None:
 def _main(lock: str) -> int:
     """Run :func:`exercise` at a low priority, then remove ``lock``; return the exit code."""
     try:
-        run_behind()  # the sampling process comes first
+        run_behind(session=False)  # behind the sampling process, which waits for it
         exercise()
         return 0
     finally:
