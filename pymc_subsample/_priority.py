@@ -41,9 +41,13 @@ def leave_a_core() -> Callable[[], None]:
 
     A BLAS call whose threads wait for each other stalls while one of them waits
     for the core a helper holds (a matrix product of milliseconds took a second).
-    Returns the function that restores the limits found.
+    Returns the function that restores the limits found (one that does nothing
+    where the limits cannot be set: the sampling is not held up for it).
     """
-    from threadpoolctl import threadpool_limits
+    try:
+        from threadpoolctl import threadpool_limits
 
-    limiter = threadpool_limits(limits=max(1, (os.cpu_count() or 1) - 1), user_api="blas")
+        limiter = threadpool_limits(limits=max(1, (os.cpu_count() or 1) - 1), user_api="blas")
+    except Exception:  # noqa: BLE001 - a BLAS threadpoolctl cannot handle: leave it be
+        return lambda: None
     return limiter.restore_original_limits

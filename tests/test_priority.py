@@ -103,3 +103,13 @@ def test_a_pending_warm_up_leaves_it_a_core(monkeypatch, tmp_path):
     finally:
         if state["restore"] is not None:
             state["restore"]()
+
+
+def test_leave_a_core_never_stops_the_sampling(monkeypatch):
+    import threadpoolctl
+
+    def broken(**kwargs):
+        raise RuntimeError("a BLAS threadpoolctl cannot handle")
+
+    monkeypatch.setattr(threadpoolctl, "threadpool_limits", broken)
+    _priority.leave_a_core()()  # no error, and its restore does nothing
