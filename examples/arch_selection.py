@@ -350,27 +350,16 @@ def pseudoprior(r: np.ndarray, lags: np.ndarray, order: int, draws: int, seed: i
             progressbar=False, compute_convergence_checks=False,
         )  # fmt: skip
     z = idata.posterior[f"z_{order}"].values.reshape(draws, -1)
-    mean, cov = z.mean(axis=0), np.cov(z.T)
-    chol_cov = np.linalg.cholesky(cov)
-    chol_prec = np.linalg.cholesky(np.linalg.inv(cov))
-    d = len(mean)
-    log_norm = np.log(np.diag(chol_prec)).sum() - 0.5 * d * np.log(2 * np.pi)
-    proposals = mean + rng.standard_normal((draws, d)) @ chol_cov.T
-    dev = (proposals - mean) @ chol_prec
+    pseudo = gaussian_pseudoprior(order, z.mean(axis=0), np.cov(z.T))
+    mean = pseudo["mean"]
+    proposals = mean + rng.standard_normal(z.shape) @ np.linalg.cholesky(pseudo["cov"]).T
+    dev = (proposals - mean) @ pseudo["chol_prec"]
     # evaluated on PyTensor's Python VM: 400 calls do not pay for a Numba compilation
     logp = model.compile_logp(mode=START_MODE)
     log_lik = np.array([logp({f"z_{order}": row}) for row in proposals])
-    log_w = log_lik - (log_norm - 0.5 * (dev**2).sum(axis=1))
+    log_w = log_lik - (pseudo["log_norm"] - 0.5 * (dev**2).sum(axis=1))
     log_evidence = np.logaddexp.reduce(log_w) - np.log(draws)
-    return {
-        "order": order,
-        "mean": mean,
-        "cov": cov,
-        "chol_prec": chol_prec,
-        "log_norm": float(log_norm),
-        "log_evidence": float(log_evidence),
-        "draws": z,
-    }
+    return pseudo | {"log_evidence": float(log_evidence), "draws": z}
 
 
 def gaussian_pseudoprior(order: int, mean: np.ndarray, cov: np.ndarray) -> dict:

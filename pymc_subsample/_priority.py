@@ -40,7 +40,7 @@ def leave_a_core() -> Callable[[], None]:
     """Limit this process's BLAS threads to the cores but one, while a helper runs there.
 
     A BLAS call whose threads wait for each other stalls while one of them waits
-    for the core a helper holds (a matrix product of milliseconds took a second).
+    for the core a helper holds.
     Returns the function that restores the limits found (one that does nothing
     where the limits cannot be set: the sampling is not held up for it).
     """
