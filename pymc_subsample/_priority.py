@@ -6,7 +6,12 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["AUTOGROUP", "NICE", "leave_a_core", "run_behind"]
+__all__ = ["AUTOGROUP", "HELPERS", "NICE", "leave_a_core", "run_behind"]
+
+#: Whether the library may start helper processes (background compilations, the kernels'
+#: warm-up): ``PYMC_SUBSAMPLE_BACKGROUND=0`` in the environment turns both off at import
+#: (in pm.sample's worker processes too), as the test suite does.
+HELPERS = os.environ.get("PYMC_SUBSAMPLE_BACKGROUND", "1") != "0"
 
 #: Niceness of a helper process: the sampling process comes first.
 NICE = 10

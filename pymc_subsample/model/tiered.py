@@ -56,7 +56,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -68,6 +67,7 @@ from pytensor import config
 from pytensor.compile.mode import Mode
 from pytensor.link.vm import VMLinker
 
+from .._priority import HELPERS
 from .numpy_elemwise import REWRITE_TAG
 
 __all__ = [
@@ -107,7 +107,7 @@ SLOW_CALL_SECONDS = 1.0
 #: compiled in this process at once, before the call returns. The environment variable
 #: ``PYMC_SUBSAMPLE_BACKGROUND=0`` sets it False at import (in pm.sample's worker
 #: processes too), as the test suite does.
-BACKGROUND_COMPILE = os.environ.get("PYMC_SUBSAMPLE_BACKGROUND", "1") != "0"
+BACKGROUND_COMPILE = HELPERS
 
 #: Share of its budget after which a function is handed to another process
 #: (:data:`BACKGROUND_COMPILE`), at least :data:`PROMOTE_SECONDS`: a compilation there

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .._locks import take_lock
-from .._priority import leave_a_core, run_behind
+from .._priority import HELPERS, leave_a_core, run_behind
 from .common import BOUNDS, VARIANCES
 from .config import BATCH_LAYOUTS, RaceConfig
 from .mh import mh_test
@@ -46,7 +46,7 @@ __all__ = [
 #: Compile the kernels in another process while steps decide exactly (False: a step's
 #: first race compiles them in its own process, as the test suite does;
 #: ``PYMC_SUBSAMPLE_BACKGROUND=0`` in the environment sets it False at import).
-IN_BACKGROUND = os.environ.get("PYMC_SUBSAMPLE_BACKGROUND", "1") != "0"
+IN_BACKGROUND = HELPERS
 
 #: Seconds between two looks at another process's warm-up (its lock file).
 POLL_SECONDS = 0.25

@@ -404,12 +404,16 @@ class RacingStep(BlockedStep):
         kernels yet, while another process compiles them
         (:mod:`~pymc_subsample.racing.warmup`).
         """
+        return self._exact_for_now or self._kernels_pending
+
+    @property
+    def _exact_for_now(self) -> bool:
+        """The reasons of :attr:`decides_exactly` other than the pending kernels' warm-up."""
         return (
             self.bound == "exact"
             or self.exact_switch.decides_at_once
             or self.audit_exact
             or self._support_exact
-            or self._kernels_pending
         )
 
     def _measure(self, point, n_cands: int) -> tuple[tuple[float, float], float]:

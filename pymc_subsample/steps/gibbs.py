@@ -295,7 +295,7 @@ class SubsampledCategoricalGibbs(CompiledRacePlanner, RacingStep):
         impossible on a few rows only, by a rule the graph did not show (a ``log`` of zero,
         a ``pm.Potential``): every decision is then exact.
         """
-        if self.decides_exactly and not self._kernels_pending:  # races are to come
+        if self._exact_for_now:  # no race to come (the kernels' warm-up aside)
             return
         point = self.initial_point
         if self._lone:  # not through the cache of a constant log f0, filled at the first draw
