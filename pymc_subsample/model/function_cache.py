@@ -32,6 +32,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
 from pytensor.graph.traversal import io_toposort
 
+from .staged_rewrites import SHARED_BEFORE, compile_staged
 from .tiered import TieredFunction
 
 __all__ = ["FUNCTION_CACHE_SIZE", "clear_function_cache", "compile_cached", "graph_key"]
@@ -126,9 +127,10 @@ class _Compiler:
         self.check_bounds = bool(getattr(model, "check_bounds", True))
         self.outputs, self.inputs = outputs, list(inputs)
         self.trust, self.kwargs = trust, kwargs
+        self._stage = None  # the first tier's shared rewrites, for the final tier
 
     def __getstate__(self):
-        return {**self.__dict__, "_model": None, "key": None}
+        return {**self.__dict__, "_model": None, "key": None, "_stage": None}
 
     def source_digest(self) -> str | None:
         """Return a digest of the graph before rewrites, for the record of compiled graphs.
@@ -158,6 +160,7 @@ class _Compiler:
                 self.check_bounds,
                 self.trust,
                 pytensor.__version__,
+                SHARED_BEFORE,  # the final tier's rewrites are staged there
             )
         )
         # the same in every process: no addresses, no ids of object constants (None, slices)
@@ -166,6 +169,19 @@ class _Compiler:
         return "src-" + hashlib.sha256(text.encode()).hexdigest()
 
     def __call__(self, mode=None):
+        if "mode" not in self.kwargs:  # a tier: rewrites staged, the final reusing the first's
+            fn, stage = compile_staged(
+                self.inputs,
+                self.outputs,
+                mode,
+                self._stage if mode is None else None,
+                self.check_bounds,
+                **self.kwargs,
+            )
+            if fn is not None:
+                self._stage = stage if mode is not None else None
+                fn.trust_input = self.trust
+                return fn
         kw = self.kwargs if mode is None else {**self.kwargs, "mode": mode}
         owner = None if self._model is None else self._model()
         if owner is None:
