@@ -732,13 +732,15 @@ def finish_compiling(steps, future: float = FUTURE_DRAWS) -> int:
     draws to come per draw so far) reach its budget moves now, so that the
     runs' seconds are sampling rather than compilation (the chains' law is the
     same either way); the others stay on the first tier, where the runs to
-    come would not pay for their compilation. Returns how many moved.
+    come would not pay for their compilation, and those a helper process
+    compiles move when it is done. Returns how many moved.
     """
     moved = 0
     for fn in tiered_functions(steps).values():
         # what its calls have cost (earlier runs' too) plus what this run's rate projects
         projected = fn.spent + (fn.spent - fn.carried) * future
-        if not fn.promoted and fn.start is not None and projected >= fn.budget:
+        due = not fn.promoted and fn.start is not None and projected >= fn.budget
+        if due and not fn.compiling:  # a helper process's job moves once done
             fn.promote()  # the steps plan their races again at their next draw
             moved += 1
     return moved

@@ -9,6 +9,7 @@ draw, must not grow back silently: raise them only with a measured reason
 """
 
 import functools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -508,14 +509,60 @@ def test_a_paid_function_compiles_in_another_process_while_its_first_tier_serves
     fn = TieredFunction(compile_in, budget=0.0)
     np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
     assert fn.compiling and not fn.promoted  # paid: handed over, not compiled here
-    process = fn._background.process
-    assert process is not None and process.wait(timeout=300) == 0
+    job = fn._background
+    assert job.helper is not None  # this process's job, in its helper process
+    deadline = time.time() + 300
+    while job.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert job.poll() is True
     np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
     assert fn.promoted and not fn.compiling
     assert tiered.recorded_on_disk(fn.digest)
     again = TieredFunction(compile_in)
     np.testing.assert_allclose(again(value), expected, rtol=1e-12)
     assert again.promoted  # compiled on this machine: starts final
+
+
+def test_one_helper_process_compiles_the_jobs_in_turn(monkeypatch):
+    """Jobs go to one helper process, which loads Python and PyMC once, not once per job;
+    after JOBS_PER_HELPER jobs a new helper takes the next, and the old one ends."""
+    import pytensor.tensor as pt
+    from pytensor import config
+
+    from pymc_subsample.model import background, tiered
+
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", True)
+    record = Path(config.base_compiledir) / "pymc_subsample_compiled_graphs.txt"
+    monkeypatch.setattr(tiered, "_seen_path", lambda: record)
+    monkeypatch.setattr(background, "JOBS_PER_HELPER", 2)
+    monkeypatch.setattr(background._Helper, "_current", None)
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    value = np.arange(4.0)
+    helpers = []
+    for _ in range(3):
+        scale = float(np.random.default_rng().uniform(1.0, 2.0))  # a graph new to the machine
+        graph = (pt.cos(x * scale) ** 2).sum()
+        fn = TieredFunction(
+            lambda mode, graph=graph: model.compile_fn(
+                graph, inputs=[x], point_fn=False, mode=mode
+            ),
+            budget=0.0,
+        )
+        expected = float(np.sum(np.cos(value * scale) ** 2))
+        np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+        job = fn._background
+        assert job is not None
+        helpers.append(job.helper)
+        deadline = time.time() + 300
+        while job.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+        assert fn.promoted
+    assert helpers[0] is helpers[1] and helpers[2] is not helpers[0]
+    helpers[0].process.wait(timeout=60)  # retired: it ends once its jobs are done
+    assert helpers[2].alive()
 
 
 def test_a_graph_that_does_not_pickle_compiles_here(monkeypatch):
