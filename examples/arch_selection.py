@@ -719,7 +719,13 @@ def tiered_functions(obj, found: dict | None = None, seen: set | None = None) ->
 FUTURE_DRAWS = 21.0
 
 
-def finish_compiling(steps, future: float = FUTURE_DRAWS) -> int:
+#: What compiling a function in the helper process costs against compiling it here: the
+#: helper rewrites its graph from the start, where this process's first tier has done the
+#: shared part (:mod:`~pymc_subsample.model.staged_rewrites`).
+HELPER_COST = 1.6
+
+
+def finish_compiling(steps, future: float = FUTURE_DRAWS) -> list:
     """Compile now the tiered functions of ``steps`` that the runs to come would pay for.
 
     Our steps' functions start on PyTensor's Python VM and move to Numba once
@@ -732,18 +738,35 @@ def finish_compiling(steps, future: float = FUTURE_DRAWS) -> int:
     draws to come per draw so far) reach its budget moves now, so that the
     runs' seconds are sampling rather than compilation (the chains' law is the
     same either way); the others stay on the first tier, where the runs to
-    come would not pay for their compilation, and those a helper process
-    compiles move when it is done. Returns how many moved.
+    come would not pay for their compilation. The moves are shared between the
+    two cores: the largest graphs first, each goes where the work so far is
+    least (the helper's counted :data:`HELPER_COST` times), a helper's at the
+    function's next call (:meth:`~pymc_subsample.model.tiered.TieredFunction.hand_over`);
+    those a helper compiles already move when it is done. Returns the functions
+    that move, for :func:`settle` to wait for.
     """
-    moved = 0
+    due = []
     for fn in tiered_functions(steps).values():
         # what its calls have cost (earlier runs' too) plus what this run's rate projects
         projected = fn.spent + (fn.spent - fn.carried) * future
-        due = not fn.promoted and fn.start is not None and projected >= fn.budget
-        if due and not fn.compiling:  # a helper process's job moves once done
+        if not fn.promoted and fn.start is not None and projected >= fn.budget:
+            due.append(fn)
+    here = helper = 0.0
+    for fn in sorted(due, key=lambda f: -(f.n_nodes or 0)):
+        size = float(fn.n_nodes or 1)
+        if fn.compiling or helper + HELPER_COST * size < here + size:
+            helper += HELPER_COST * size
+            fn.hand_over()
+        else:
+            here += size
             fn.promote()  # the steps plan their races again at their next draw
-            moved += 1
-    return moved
+    return due
+
+
+def settle(functions: list) -> None:
+    """Wait until the helper process has compiled ``functions``' final tiers, and move them."""
+    for fn in functions:
+        fn.settle()
 
 
 def steps_and_pilot(
@@ -765,14 +788,17 @@ def steps_and_pilot(
     print(f"our steps built in {build:.0f} s", flush=True)
     t0 = time.perf_counter()
 
+    moving = []
+
     def compile_hot():
         t1 = time.perf_counter()
-        moved = finish_compiling(steps)
+        moving.extend(finish_compiling(steps))
         seconds = time.perf_counter() - t1
-        print(f"halfway through the pilot: {moved} functions to Numba ({seconds:.0f} s)")
+        print(f"halfway through the pilot: {len(moving)} functions to Numba ({seconds:.0f} s)")
 
     start = starts(pseudo, 1, 11)[0]
     log_prior_q = adjust_priors(model, steps, start, log_prior_q, pilot, 11, halfway=compile_hot)
+    settle(moving)  # the helper process's share of the compilation is done too
     with model:
         pm.set_data({"log_prior_q": log_prior_q})
     pilot_seconds = time.perf_counter() - t0

@@ -565,6 +565,49 @@ def test_one_helper_process_compiles_the_jobs_in_turn(monkeypatch):
     assert helpers[2].alive()
 
 
+def test_a_function_handed_over_is_queued_and_settles(monkeypatch):
+    """hand_over: the next call queues the job even when it is not the function's turn
+    (unpaid, others pending); the first tier serves; settle waits and moves it. Without
+    helper processes it moves at once."""
+    import pytensor.tensor as pt
+    from pytensor import config
+
+    from pymc_subsample.model import background, tiered
+
+    record = Path(config.base_compiledir) / "pymc_subsample_compiled_graphs.txt"
+    monkeypatch.setattr(tiered, "_seen_path", lambda: record)
+    x = pt.dvector("x")
+    with pm.Model() as model:
+        pass
+    value = np.arange(4.0)
+
+    def new_function():
+        scale = float(np.random.default_rng().uniform(1.0, 2.0))  # a graph new to the machine
+        graph = (pt.sin(x * scale) ** 2).sum()
+        fn = TieredFunction(
+            lambda mode: model.compile_fn(graph, inputs=[x], point_fn=False, mode=mode),
+            budget=100.0,
+        )
+        return fn, float(np.sum(np.sin(value * scale) ** 2))
+
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", True)
+    monkeypatch.setattr(background.BackgroundCompile, "running", classmethod(lambda cls: 99))
+    fn, expected = new_function()
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+    assert not fn.compiling  # unpaid and not its turn
+    fn.hand_over()
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)  # the first tier serves
+    assert fn.compiling and not fn.promoted
+    assert fn.settle(timeout=300)
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+    monkeypatch.setattr(tiered, "BACKGROUND_COMPILE", False)
+    fn, expected = new_function()
+    fn(value)
+    fn.hand_over()
+    assert fn.promoted and not fn.compiling
+    np.testing.assert_allclose(fn(value), expected, rtol=1e-12)
+
+
 def test_a_graph_that_does_not_pickle_compiles_here(monkeypatch):
     """A job that cannot be handed to another process is compiled in this one, at once."""
     from pymc_subsample.model import background, tiered

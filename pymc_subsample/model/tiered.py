@@ -355,6 +355,7 @@ class TieredFunction:
         self.loops_in_python = False  # its first tier loops in Python per element
         self._background = None  # the compilation of its final tier in another process
         self._handed_over: bool | None = None  # False: its job could not be handed over
+        self._hand_over_now = False  # hand the job over at the next call, queued if need be
         self._call = self._first_call
 
     def __call__(self, *args):
@@ -415,7 +416,8 @@ class TieredFunction:
         if self._can_hand_over() and args is not None:
             from .background import MAX_RUNNING, BackgroundCompile
 
-            if self.spent < self.budget and BackgroundCompile.running() >= MAX_RUNNING:
+            waits = BackgroundCompile.running() >= MAX_RUNNING and not self._hand_over_now
+            if self.spent < self.budget and waits:
                 return  # its turn comes at a later call
             try:
                 self._background = BackgroundCompile(self._compile, args, self.digest, self.n_nodes)
@@ -436,6 +438,8 @@ class TieredFunction:
         """
         if self.spent >= self.budget:
             return True
+        if self._hand_over_now and self._can_hand_over():
+            return True
         share = max(PROMOTE_SECONDS, BACKGROUND_SHARE * self.budget)
         return self._can_hand_over() and self.spent >= share
 
@@ -451,8 +455,33 @@ class TieredFunction:
             self.promote()
             return
         self._handed_over = False  # it failed: compiled here once the whole budget is paid
-        if self.spent >= self.budget:
+        if self.spent >= self.budget or self._hand_over_now:
             self.promote()
+
+    def hand_over(self) -> None:
+        """Compile the final tier in the helper process from the next call, paid or not.
+
+        Queued behind the helper's other jobs (not :data:`MAX_RUNNING`'s turn); where
+        no job can be handed over, the function moves in this process at that call.
+        The first tier serves until the job is done (:meth:`settle` waits for it).
+        """
+        if self.final is None:
+            self._hand_over_now = True
+            if not self._can_hand_over() and self.start is not None:
+                self.promote()
+
+    def settle(self, timeout: float = 600.0) -> bool:
+        """Wait for the helper's compilation of the final tier, then move; return whether final.
+
+        A function with no job in the helper stays where it is. After ``timeout``
+        seconds of waiting, it stays on the first tier (its job goes on).
+        """
+        deadline = time.monotonic() + timeout
+        while self._background is not None and time.monotonic() < deadline:
+            self._poll_background()
+            if self._background is not None:
+                time.sleep(0.05)
+        return self.final is not None
 
     @property
     def compiling(self) -> bool:
@@ -462,6 +491,7 @@ class TieredFunction:
     def __getstate__(self):
         state = {k: v for k, v in self.__dict__.items() if k != "_call"}
         state["_background"] = None  # a copy moves by its own rule
+        state["_hand_over_now"] = False
         return state
 
     def __setstate__(self, state):
