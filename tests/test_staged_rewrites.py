@@ -125,3 +125,14 @@ def test_bounds_checks_as_pymc_compiles_them(check_bounds):
         np.testing.assert_allclose(staged(value), expected(value), rtol=1e-12)
     if check_bounds:
         assert np.isneginf(staged(-1.0)[0]) and np.isneginf(expected(-1.0)[0])
+
+
+def test_a_stage_that_does_not_fit_is_built_anew():
+    """A kept stage of another graph (other inputs) is not grafted: the stage is run anew."""
+    x = pt.dvector("x")
+    y = pt.dscalar("y")
+    _, other = compile_staged([x], [pt.exp(x).sum()], None, None, check_bounds=True)
+    fn, stage = compile_staged([x, y], [pt.exp(x).sum() * y], None, other, check_bounds=True)
+    assert stage is not other
+    value = np.arange(3.0)
+    np.testing.assert_allclose(fn(value, 2.0)[0], 2.0 * np.exp(value).sum(), rtol=1e-12)

@@ -101,13 +101,10 @@ class _StagedRewriter(GraphRewriter):
     def apply(self, fgraph):
         """Graft the shared stage (run here if not kept), then run the mode's own rewriters."""
         stage = self.stage
-        if stage is None:
-            copy = FunctionGraph(fgraph.inputs, fgraph.outputs, clone=True)
-            copy._compile_mode = self.shared_mode  # the final mode's, whichever tier asks
-            self.shared.rewrite(copy)
-            stage = SharedStage(tuple(copy.inputs), tuple(copy.outputs))
-        if not stage.graft(fgraph):
-            raise ValueError("the shared stage does not fit the graph")
+        if stage is None or not stage.graft(fgraph):  # a kept stage that does not fit: anew
+            stage = self._shared_stage(fgraph)
+            if not stage.graft(fgraph):
+                raise ValueError("the shared stage does not fit the graph it came from")
         self.sink.append(stage)
         before = getattr(fgraph, "_compile_mode", None)
         fgraph._compile_mode = self.own_mode
@@ -115,6 +112,13 @@ class _StagedRewriter(GraphRewriter):
             return self.own.rewrite(fgraph)
         finally:
             fgraph._compile_mode = before
+
+    def _shared_stage(self, fgraph) -> SharedStage:
+        """Run the shared rewriters on a copy of ``fgraph``; return the result."""
+        copy = FunctionGraph(fgraph.inputs, fgraph.outputs, clone=True)
+        copy._compile_mode = self.shared_mode  # the final mode's, whichever tier asks
+        self.shared.rewrite(copy)
+        return SharedStage(tuple(copy.inputs), tuple(copy.outputs))
 
     def print_summary(self, stream=sys.stdout, level=0, depth=-1):
         """Print the two stages' rewriters."""
