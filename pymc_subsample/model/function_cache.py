@@ -130,7 +130,7 @@ class _Compiler:
         self._stage = None  # the first tier's shared rewrites, for the final tier
 
     def __getstate__(self):
-        return {**self.__dict__, "_model": None, "key": None, "_stage": None}
+        return {**self.__dict__, "_model": None, "key": None}  # the stage holds no data
 
     def source_digest(self) -> str | None:
         """Return a digest of the graph before rewrites, for the record of compiled graphs.

@@ -15,7 +15,9 @@ the final tier, built later (when the function moves), starts from it: its
 compilation then pays only the rewrites after fusion. Built from scratch (a
 graph compiled before, another process's compilation), the final tier runs
 the shared stage itself and grafts it the same way, so that either way its
-rewritten graph, and thus its Numba cache key, is the same.
+rewritten graph, and thus its Numba cache key, is the same. The kept stage
+travels with the function, without the inputs' values: the helper process that
+compiles a final tier (:mod:`~pymc_subsample.model.background`) starts from it too.
 """
 
 from __future__ import annotations
@@ -43,6 +45,18 @@ class SharedStage:
 
     inputs: tuple
     outputs: tuple
+
+    @classmethod
+    def of(cls, inputs, outputs) -> SharedStage:
+        """Return the stage of a rewritten graph, its inputs replaced by new ones of their types.
+
+        The stage then holds no input's value (a ``pm.Data``'s rows), and travels
+        light to another process (a pickled function, a helper's job).
+        """
+        holders = [v.type() for v in inputs]
+        memo = dict(zip(inputs, holders, strict=True))
+        equiv = clone_get_equiv(inputs, outputs, copy_inputs=False, memo=memo)
+        return cls(tuple(holders), tuple(equiv[v] for v in outputs))
 
     def graft(self, fgraph: FunctionGraph) -> bool:
         """Make ``fgraph`` compute a copy of this stage's graph; return False if it cannot.
@@ -118,7 +132,7 @@ class _StagedRewriter(GraphRewriter):
         copy = FunctionGraph(fgraph.inputs, fgraph.outputs, clone=True)
         copy._compile_mode = self.shared_mode  # the final mode's, whichever tier asks
         self.shared.rewrite(copy)
-        return SharedStage(tuple(copy.inputs), tuple(copy.outputs))
+        return SharedStage.of(copy.inputs, copy.outputs)
 
     def print_summary(self, stream=sys.stdout, level=0, depth=-1):
         """Print the two stages' rewriters."""
