@@ -719,10 +719,10 @@ def tiered_functions(obj, found: dict | None = None, seen: set | None = None) ->
 FUTURE_DRAWS = 21.0
 
 
-#: What compiling a function in the helper process costs against compiling it here: the
-#: helper rewrites its graph from the start, where this process's first tier has done the
-#: shared part (:mod:`~pymc_subsample.model.staged_rewrites`).
-HELPER_COST = 1.6
+#: What compiling a function in the helper process costs against compiling it here: both
+#: start from the first tier's shared rewrites (:mod:`~pymc_subsample.model.staged_rewrites`),
+#: and the helper also loads the job and runs at a lower priority.
+HELPER_COST = 1.2
 
 
 def finish_compiling(steps, future: float = FUTURE_DRAWS) -> list:
